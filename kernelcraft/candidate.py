@@ -1,0 +1,67 @@
+"""Candidates: source text defining `ModelNew`, in PyTorch, inline CUDA/C++ or Triton.
+
+Design decisions
+- A candidate is its source text; its identity is the SHA-256 of that text. `normalized_hash` (an AST
+  round-trip: comments and formatting removed) identifies candidates that differ only cosmetically,
+  for deduplication in search.
+- Static structure checks happen here, in the caller, before any process is spawned: a candidate that
+  does not parse or defines no `ModelNew` costs nothing to reject. Nothing in this module executes
+  candidate code.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Candidate:
+    source: str
+    origin: str = "<source>"
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+def load_candidate(spec: "str | Path | Candidate") -> Candidate:
+    """A Candidate from a Candidate, a file path or source text."""
+    if isinstance(spec, Candidate):
+        return spec
+    if isinstance(spec, Path) or ("\n" not in spec and spec.endswith(".py")):
+        path = Path(spec)
+        if not path.is_file():
+            raise FileNotFoundError(f"candidate file not found: {path}")
+        return Candidate(path.read_text(), str(path))
+    return Candidate(spec)
+
+
+def structure_problem(source: str) -> tuple[str, str] | None:
+    """(reason, message) if the source cannot be a candidate at all, else None."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        line = (e.text or "").rstrip()
+        return "parse_error", f"SyntaxError: {e.msg} (line {e.lineno}){': ' + line.strip() if line else ''}"
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "ModelNew":
+            return None
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "ModelNew" for t in targets):
+                return None
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any((a.asname or a.name) == "ModelNew" for a in node.names):
+                return None
+    return "no_modelnew", "the candidate defines no ModelNew (a class ModelNew(nn.Module) is required)"
+
+
+def normalized_hash(source: str) -> str:
+    """Hash of the AST dump: equal for sources that differ only in comments and formatting."""
+    try:
+        text = ast.unparse(ast.parse(source))
+    except SyntaxError:
+        text = source
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,275 @@
+"""The library API: `evaluate(task, candidate) -> Verdict`, and `evaluate_many` for batches.
+
+Design decisions
+- The caller never imports or runs candidate code: it checks structure statically, writes the task and
+  candidate into a fresh work directory, and hands them to a worker process (`runner`).
+- Everything the worker reports is re-assembled into a `Verdict` here, so the record's shape is owned in
+  one place; deaths (crash, timeout, forged channel) become verdicts too. No exception escapes for a
+  bad candidate; a bad *task* or option raises (`TaskError`, `ValueError`) — that is the caller's bug.
+- `evaluate_many` runs evaluations concurrently in threads, each with its own worker; timing on one
+  device is serialised by the device lock, so parallel evaluations never time against each other.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import kernelcraft
+from kernelcraft import runner
+from kernelcraft.candidate import Candidate, load_candidate, structure_problem
+from kernelcraft.screen import screen as static_screen
+from kernelcraft.task import Task, load_task
+from kernelcraft.verdict import Correctness, Env, Timing, Verdict
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _resolve_device(device: str | None) -> tuple[str, str | None]:
+    """('cpu' | 'cuda:N', the CUDA_VISIBLE_DEVICES value for the worker)."""
+    device = device or default_device()
+    if device == "cpu":
+        return "cpu", None
+    if device == "cuda" or device.startswith("cuda:"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but no CUDA GPU is visible")
+        index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
+        if not 0 <= index < torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} GPU(s) visible")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        physical = visible.split(",")[index].strip() if visible else str(index)
+        return f"cuda:{index}", physical
+    raise ValueError(f"unknown device {device!r}: use cpu, cuda or cuda:N")
+
+
+def _env(worker_env: dict | None) -> Env:
+    import torch
+
+    e = worker_env or {}
+    return Env(kernelcraft=kernelcraft.__version__, torch=e.get("torch", torch.__version__),
+               cuda=e.get("cuda", torch.version.cuda), gpu=e.get("gpu"),
+               python=e.get("python", sys.version.split()[0]))
+
+
+def evaluate(
+    task: "str | Path | Task",
+    candidate: "str | Path | Candidate",
+    *,
+    device: str | None = None,
+    trials: int = 5,
+    atol: float | None = None,
+    rtol: float | None = None,
+    mode: str = "open",
+    seed: int = 42,
+    timing: bool = True,
+    time_budget_s: float = 3.0,
+    target_ci: float = 0.01,
+    min_rounds: int = 10,
+    timeout_s: float = 180.0,
+    build_timeout_s: float = 900.0,
+    cache_dir: str | os.PathLike | None = None,
+    keep_workdir: bool = False,
+    screen: bool = True,
+    runtime_guards: bool = True,
+    remeasure_above: float | None = 3.0,
+    best_known_speedup: float | None = None,
+) -> Verdict:
+    """Judge one candidate against one task: correctness over `trials` seeds, then paired timing.
+
+    A speedup above `remeasure_above` (or above 2× `best_known_speedup`) is measured again in a fresh
+    worker with other seeds; if the two disagree beyond 10% plus their CI widths the verdict is
+    `rejected` / `suspicious_speedup`.
+    """
+    opts = dict(device=device, trials=trials, atol=atol, rtol=rtol, mode=mode, timing=timing,
+                time_budget_s=time_budget_s, target_ci=target_ci, min_rounds=min_rounds, timeout_s=timeout_s,
+                build_timeout_s=build_timeout_s, cache_dir=cache_dir, keep_workdir=keep_workdir, screen=screen,
+                runtime_guards=runtime_guards)
+    t0 = time.perf_counter()
+    first = _evaluate_once(task, candidate, seed=seed, **opts)
+    threshold = min(x for x in (remeasure_above, 2 * best_known_speedup if best_known_speedup else None,
+                                float("inf")) if x is not None)
+    if first.status != "correct" or first.speedup is None or first.speedup <= threshold:
+        return first
+    second = _evaluate_once(task, candidate, seed=seed + 7919, **opts)
+    final = _reconcile(first, second)
+    final.wall_s = time.perf_counter() - t0
+    return final
+
+
+def _reconcile(first: Verdict, second: Verdict) -> Verdict:
+    """Keep a large speedup only if a fresh worker reproduces it."""
+    import math
+
+    if second.status != "correct" or second.speedup is None:
+        second.message = (f"the first evaluation reported {first.speedup:.2f}x, a fresh worker did not "
+                          f"reproduce it: " + second.message)
+        return second
+    a, b = first.timing, second.timing
+    half = lambda t: max(math.log(t.ci95[1] / t.speedup), math.log(t.speedup / t.ci95[0]))  # noqa: E731
+    allowed = math.log(1.10) + half(a) + half(b)
+    if abs(math.log(first.speedup / second.speedup)) > allowed:
+        return first.model_copy(update=dict(
+            status="rejected", reasons=["suspicious_speedup"], speedup=None,
+            message=f"speedup did not reproduce in a fresh worker: {first.speedup:.3f}x then "
+                    f"{second.speedup:.3f}x (allowed difference {100 * (math.exp(allowed) - 1):.0f}%)"))
+    keep = first if first.speedup <= second.speedup else second  # the more conservative of the two
+    return keep.model_copy(update=dict(
+        guards=keep.guards + ["remeasured"],
+        message=f"speedup re-measured in a fresh worker: {first.speedup:.3f}x and {second.speedup:.3f}x; "
+                "reporting the lower"))
+
+
+def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, timing, time_budget_s, target_ci,
+                   min_rounds, timeout_s, build_timeout_s, cache_dir, keep_workdir, screen,
+                   runtime_guards=True) -> Verdict:
+    t0 = time.perf_counter()
+    task, cand = load_task(task), load_candidate(candidate)
+    if mode not in ("open", "strict"):
+        raise ValueError(f"unknown mode {mode!r}: use open or strict")
+    if trials < 1:
+        raise ValueError("trials must be at least 1")
+    dev, visible = _resolve_device(device)
+    base = dict(task=task.name, candidate_sha256=cand.sha256, device=dev, mode=mode)
+
+    problem = structure_problem(cand.source)
+    if problem:
+        reason, message = problem
+        return Verdict(**base, status="compile_error", reasons=[reason], message=message,
+                       wall_s=time.perf_counter() - t0, env=_env(None))
+    scr = static_screen(cand.source, mode)
+    if screen and scr.findings:
+        return Verdict(**base, status="rejected", reasons=scr.reasons, guards=["screen"],
+                       message="; ".join(m for _, m in scr.findings[:5]),
+                       wall_s=time.perf_counter() - t0, env=_env(None))
+
+    root = runner.cache_root(cache_dir)
+    (root / "work").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="eval-", dir=root / "work"))
+    try:
+        (work / "reference.py").write_text(task.source)
+        (work / "candidate.py").write_text(cand.source)
+        job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"),
+                   device=dev, trials=trials, atol=atol, rtol=rtol, seed=seed, mode=mode,
+                   timing=timing, cache_dir=str(root), kernel_names=scr.kernel_names,
+                   runtime_guards=runtime_guards,
+                   timing_opts=dict(budget_s=time_budget_s, target=target_ci, min_rounds=min_rounds),
+                   lock_path=str(root / "locks" / (f"gpu-{visible}.lock" if visible else "cpu.lock")))
+        out = runner.run_worker(job, work, root, visible, timeout_s, build_timeout_s)
+        verdict = _assemble(base, out, timeout_s, build_timeout_s)
+        if screen:
+            verdict.guards = ["screen"] + verdict.guards
+    finally:
+        if not keep_workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    verdict.wall_s = time.perf_counter() - t0
+    return verdict
+
+
+def _assemble(base: dict, out: runner.WorkerOutcome, timeout_s: float, build_timeout_s: float) -> Verdict:
+    res = out.result
+    if res is None:
+        env = _env(None)
+        if out.forged:
+            return Verdict(**base, status="rejected", reasons=["forbidden_construct"], env=env,
+                           build_s=out.build_s,
+                           message="the candidate wrote to the harness's result channel")
+        if out.timed_out:
+            building = out.phase in runner.BUILD_PHASES
+            limit = build_timeout_s if building else timeout_s
+            what = "building/importing the candidate" if building else f"phase '{out.phase}'"
+            return Verdict(**base, status="timeout", reasons=["timeout"], env=env, build_s=out.build_s,
+                           message=f"killed after {limit:g} s in {what}"
+                                   + (f"\n--- worker output (tail) ---\n{out.log_tail}" if out.log_tail else ""))
+        return Verdict(**base, status="runtime_error", reasons=["crashed"], env=env, build_s=out.build_s,
+                       message=runner.describe_death(out))
+    env = _env(res.get("env"))
+    if env.gpu:
+        base = {**base, "device": f"{base['device']} {env.gpu}"}
+    t = res.get("timing")
+    timing = Timing(**{k: t[k] for k in Timing.model_fields if k in t}) if t else None
+    corr = Correctness(**res["correctness"]) if res.get("correctness") else None
+    status = res["status"]
+    if status == "correct" and timing is None:
+        speedup = None
+    else:
+        speedup = timing.speedup if timing else None
+    return Verdict(**base, status=status, reasons=res.get("reasons", []), message=res.get("message", ""),
+                   correctness=corr, timing=timing, speedup=speedup, build_s=res.get("build_s", 0.0),
+                   env=env, guards=res.get("guards", []))
+
+
+def evaluate_many(pairs, *, max_workers: int | None = None, **options) -> list[Verdict]:
+    """Evaluate (task, candidate) pairs concurrently; results in input order."""
+    pairs = list(pairs)
+    n = max_workers or min(len(pairs), os.cpu_count() or 2) or 1
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(lambda p: evaluate(p[0], p[1], **options), pairs))
+
+
+def check_task(task: "str | Path | Task", *, device: str | None = None, seed: int = 42,
+               timeout_s: float = 300.0, cache_dir: str | os.PathLike | None = None) -> dict:
+    """Flag a degenerate task (constant, near-zero, or input/weight-independent reference output).
+
+    Runs the reference in a worker too: task files are code, and a broken one must not take the caller down.
+    """
+    task = load_task(task)
+    dev, visible = _resolve_device(device)
+    root = runner.cache_root(cache_dir)
+    (root / "work").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="probe-", dir=root / "work"))
+    try:
+        (work / "reference.py").write_text(task.source)
+        job = dict(task_path=str(work / "reference.py"), candidate_path="", device=dev, seed=seed,
+                   probe=True, cache_dir=str(root), trials=1)
+        out = runner.run_worker(job, work, root, visible, timeout_s, timeout_s)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    res = out.result
+    if res is None:
+        why = "timed out" if out.timed_out else runner.describe_death(out)
+        return {"task": task.name, "ok": False, "problems": [f"the reference could not run: {why}"]}
+    if res["status"] != "correct":
+        return {"task": task.name, "ok": False, "problems": [f"the reference failed: {res['message']}"]}
+    return {"task": task.name, "ok": not res["problems"], **{k: res[k] for k in (
+        "problems", "output_elements", "output_std", "output_max_abs")}}
+
+
+def prebuild(candidate: "str | Path | Candidate", *, arch: str | None = None, timeout_s: float = 900.0,
+             cache_dir: str | os.PathLike | None = None, task_name: str = "<prebuild>") -> Verdict | None:
+    """Compile a candidate's inline extensions into the shared cache, on the CPU, without a GPU.
+
+    Returns None when the build succeeded (a later `evaluate` finds it cached), or the verdict that
+    settles the candidate already (compile_error, timeout, crash). `arch` is the target GPU's
+    TORCH_CUDA_ARCH_LIST entry (e.g. "9.0a"); without it, KERNELCRAFT_CUDA_ARCH or torch's default.
+    """
+    t0 = time.perf_counter()
+    cand = load_candidate(candidate)
+    base = dict(task=task_name, candidate_sha256=cand.sha256, device="cpu")
+    problem = structure_problem(cand.source)
+    if problem:
+        return Verdict(**base, status="compile_error", reasons=[problem[0]], message=problem[1], env=_env(None))
+    root = runner.cache_root(cache_dir)
+    (root / "work").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=root / "work"))
+    try:
+        (work / "candidate.py").write_text(cand.source)
+        job = dict(task_path="", candidate_path=str(work / "candidate.py"), device="cpu", seed=0, trials=1,
+                   build_only=True, cache_dir=str(root), arch=arch)
+        out = runner.run_worker(job, work, root, None, timeout_s, timeout_s)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if out.result is not None and out.result.get("status") == "correct":
+        return None
+    verdict = _assemble(base, out, timeout_s, timeout_s)
+    verdict.wall_s = time.perf_counter() - t0
+    return verdict

@@ -1,0 +1,188 @@
+"""Static screen: read a candidate's AST before anything runs, reject known cheats, find its kernels.
+
+Design decisions
+- Runs in the caller on source text only; cheap enough to run on every candidate. It is one layer of
+  two: every rule here has a runtime twin in `guards`/`worker`, so a cheat that slips past the AST
+  (aliasing, `getattr` games, exec) is still caught when it acts. `evaluate(..., screen=False)` turns
+  this layer off, which the test suite uses to prove the runtime layer alone.
+- Rules name *constructs*, not intentions: reaching into the harness (frames, `gc`, `kernelcraft`),
+  starting threads or processes, assigning to attributes of clock modules or torch namespaces,
+  changing precision or threading switches. `torch.backends.cudnn.benchmark` and
+  `torch._dynamo`/`torch._inductor` config are allowed: they tune the candidate, not the reference
+  (the reference always runs with the snapshot's cudnn.benchmark).
+- Strict mode adds reachability from `ModelNew`: the reference `Model` must not be reachable
+  (`reference_call`), and an own kernel must be (`no_custom_kernel`): a `load_inline`/`load` module or
+  a `triton.jit` function. `kernel_names` lists `__global__` and Triton kernel names, which the worker
+  then looks for among the kernels that actually ran.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+FRAME_ATTRS = {"_getframe", "f_back", "f_locals", "f_globals", "tb_frame", "gi_frame", "cr_frame",
+               "ag_frame", "currentframe", "getouterframes", "getinnerframes", "get_referrers",
+               "get_referents", "get_objects", "_current_frames"}
+PROCESS_MODULES = {"threading", "_thread", "multiprocessing", "concurrent", "subprocess", "pty", "signal"}
+PROCESS_CALLS = {"fork", "forkpty", "system", "popen", "spawnl", "spawnv", "spawnlp", "spawnvp",
+                 "posix_spawn", "execv", "execl", "execvp", "kill"}
+CLOCK_ROOTS = {"time", "torch.cuda", "timeit"}
+STATE_CALLS = {"torch.set_num_threads", "torch.set_num_interop_threads", "torch.set_default_dtype",
+               "torch.set_default_tensor_type", "torch.set_float32_matmul_precision",
+               "torch.use_deterministic_algorithms", "torch.set_default_device",
+               "torch.backends.cuda.matmul.allow_tf32", "torch.set_flush_denormal"}
+ALLOWED_TORCH_ASSIGN = ("torch.backends.cudnn.benchmark", "torch._dynamo.config", "torch._inductor.config")
+_GLOBAL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
+
+
+@dataclass
+class Screening:
+    findings: list[tuple[str, str]] = field(default_factory=list)  # (reason, message)
+    kernel_names: list[str] = field(default_factory=list)
+    has_inline_ext: bool = False
+    has_triton: bool = False
+
+    @property
+    def reasons(self) -> list[str]:
+        return sorted({r for r, _ in self.findings})
+
+    def add(self, reason: str, node: ast.AST | None, what: str) -> None:
+        line = f" (line {node.lineno})" if node is not None and hasattr(node, "lineno") else ""
+        self.findings.append((reason, what + line))
+
+
+class _Aliases(ast.NodeVisitor):
+    """Local name -> dotted module path, from the module's imports."""
+
+    def __init__(self):
+        self.map: dict[str, str] = {}
+
+    def visit_Import(self, node):
+        for a in node.names:
+            self.map[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+
+    def visit_ImportFrom(self, node):
+        if node.module and not node.level:
+            for a in node.names:
+                self.map[a.asname or a.name] = f"{node.module}.{a.name}"
+
+
+def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(aliases.get(node.id, node.id))
+    return ".".join(reversed(parts))
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + ".")
+
+
+def screen(source: str, mode: str = "open") -> Screening:
+    tree = ast.parse(source)
+    al = _Aliases()
+    al.visit(tree)
+    aliases = al.map
+    s = Screening(kernel_names=_GLOBAL_RE.findall(source))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for m in mods:
+                top = m.split(".")[0]
+                if top == "kernelcraft" or m.startswith("kernelcraft_"):
+                    s.add("forbidden_construct", node, f"imports the harness ({m})")
+                elif top in PROCESS_MODULES:
+                    s.add("thread_injection", node, f"imports {m}: threads and processes are not allowed")
+                elif top == "gc":
+                    s.add("forbidden_construct", node, "imports gc (walking the harness's objects)")
+        elif isinstance(node, ast.Attribute):
+            if node.attr in FRAME_ATTRS:
+                s.add("forbidden_construct", node, f"uses .{node.attr} (inspecting the harness's frames)")
+            elif node.attr in PROCESS_CALLS and _dotted(node.value, aliases) == "os":
+                s.add("thread_injection", node, f"calls os.{node.attr}")
+        elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__import__"):
+            s.add("forbidden_construct", node, f"uses {node.id}")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for t in targets:
+                _check_store(s, t, aliases)
+        elif isinstance(node, ast.Call):
+            fn = _dotted(node.func, aliases)
+            if fn in STATE_CALLS:
+                s.add("global_state_tampering", node, f"calls {fn}() (process-wide setting)")
+            elif fn in ("setattr", "delattr") and node.args:
+                target = _dotted(node.args[0], aliases)
+                if target and (_under(target, "torch") or any(_under(target, r) for r in CLOCK_ROOTS)):
+                    code = "timer_tampering" if any(_under(target, r) for r in CLOCK_ROOTS) else \
+                        "global_state_tampering"
+                    s.add(code, node, f"{fn}() on {target}")
+            elif fn and fn.split(".")[-1] in ("load_inline", "load") and "cpp_extension" in fn:
+                s.has_inline_ext = True
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in node.decorator_list:
+                dn = _dotted(d.func if isinstance(d, ast.Call) else d, aliases) or ""
+                if dn.startswith("triton.") and dn.split(".")[-1] in ("jit", "autotune", "heuristics"):
+                    s.has_triton = True
+                    if node.name not in s.kernel_names:
+                        s.kernel_names.append(node.name)
+    if mode == "strict":
+        _strict(s, tree, aliases)
+    return s
+
+
+def _check_store(s: Screening, target: ast.AST, aliases: dict[str, str]) -> None:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        for t in target.elts:
+            _check_store(s, t, aliases)
+        return
+    if not isinstance(target, ast.Attribute):
+        return
+    path = _dotted(target, aliases)
+    if not path:
+        return
+    if any(_under(path, r) for r in CLOCK_ROOTS):
+        s.add("timer_tampering", target, f"assigns {path}")
+    elif _under(path, "torch") and not any(_under(path, a) for a in ALLOWED_TORCH_ASSIGN):
+        s.add("global_state_tampering", target, f"assigns {path}")
+
+
+def _strict(s: Screening, tree: ast.Module, aliases: dict[str, str]) -> None:
+    """Reachability from ModelNew over top-level definitions."""
+    defs: dict[str, list[ast.AST]] = {}
+    ext_names, triton_names = set(), set(s.kernel_names)
+    for node in tree.body:
+        names = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            tg = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [n.id for t in tg for n in ast.walk(t) if isinstance(n, ast.Name)]
+            if any(isinstance(c, ast.Call) and (_dotted(c.func, aliases) or "").endswith(("load_inline", ".load"))
+                   for c in ast.walk(node)):
+                ext_names.update(names)
+        for n in names:
+            defs.setdefault(n, []).append(node)
+    seen, todo = set(), ["ModelNew"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in defs.get(name, []):
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and sub.id in defs:
+                    todo.append(sub.id)
+                if isinstance(sub, ast.Call) and (_dotted(sub.func, aliases) or "").endswith("load_inline"):
+                    ext_names.add(name)
+    reach_model = "Model" in seen or any(
+        isinstance(n, ast.Name) and n.id == "Model" for d in defs.get("ModelNew", []) for n in ast.walk(d))
+    if reach_model:
+        s.add("reference_call", None, "ModelNew reaches the reference class Model")
+    if not (seen & (ext_names | triton_names)):
+        s.add("no_custom_kernel", None,
+              "strict mode: ModelNew reaches no kernel of its own (load_inline extension or triton.jit)")

@@ -1,0 +1,112 @@
+"""The verdict record: what one evaluation concluded, in the shape ../shared/CONTRACT.md promises.
+
+Design decisions
+- One pydantic model, serialised with `model_dump(mode="json")`; extra detail goes in new optional
+  fields, never by renaming contract fields.
+- `speedup` is set only for `correct` verdicts. Every other status carries `speedup = None`, whatever
+  the worker measured: a wrong or cheating candidate never has a speedup.
+- Reason codes are plain strings listed here, so tests and users can import them instead of
+  retyping them.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+Status = Literal["correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected"]
+
+# Reason codes: the contract's, plus a few more specific ones (marked *).
+REASONS = {
+    "parse_error": "the candidate is not valid Python",
+    "no_modelnew": "the candidate defines no ModelNew",
+    "signature_mismatch": "ModelNew's constructor or forward does not take the reference's arguments",
+    "build_failed": "an inline extension failed to compile",
+    "exception": "the candidate raised a Python exception",
+    "out_of_memory": "* the candidate ran out of device memory",
+    "cuda_error": "* a CUDA error (illegal address, launch failure, ...) in the candidate",
+    "crashed": "the worker process died (segfault, abort, os._exit) before reporting",
+    "timeout": "the evaluation ran past its time limit and was killed",
+    "shape_mismatch": "an output has the wrong shape, or a different number of outputs",
+    "dtype_mismatch": "an output has the wrong dtype",
+    "device_mismatch": "* an output is on the wrong device",
+    "value_mismatch": "outputs differ beyond tolerance",
+    "nan_or_inf": "NaN or Inf where the reference has none",
+    "non_tensor_output": "an output is not a plain torch.Tensor",
+    "lazy_output": "an output is a tensor subclass or has no real storage",
+    "input_mutation": "the candidate wrote to its inputs",
+    "stale_output": "an output did not follow new inputs (cached or reused answer)",
+    "extra_stream": "device work outlived forward (unjoined side stream)",
+    "thread_injection": "the candidate left threads or processes running",
+    "timer_tampering": "the candidate patched clocks or timing functions",
+    "global_state_tampering": "the candidate changed process-wide torch or Python state",
+    "reference_call": "the candidate calls the reference Model",
+    "no_custom_kernel": "strict mode: no kernel of the candidate's own ran",
+    "forbidden_construct": "the candidate uses a construct the harness forbids",
+    "suspicious_speedup": "the speedup did not reproduce in a fresh worker",
+    "harness_error": "* kernelcraft itself failed (a bug: please report it)",
+}
+
+
+class Correctness(BaseModel):
+    trials: int = 0
+    passed: int = 0
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
+
+
+class Timing(BaseModel):
+    ref_ms: float
+    cand_ms: float
+    speedup: float
+    ci95: tuple[float, float]
+    samples: int
+    method: str
+    ref_spread_ms: tuple[float, float] | None = Field(None, description="25th and 75th percentile")
+    cand_spread_ms: tuple[float, float] | None = None
+    converged: bool = False
+    host_ref_ms: float | None = None
+    host_cand_ms: float | None = None
+    spot_checks: int = 0
+
+
+class Env(BaseModel):
+    kernelcraft: str
+    torch: str
+    cuda: str | None = None
+    gpu: str | None = None
+    python: str | None = None
+
+
+class Verdict(BaseModel):
+    task: str
+    candidate_sha256: str
+    device: str
+    status: Status
+    reasons: list[str] = Field(default_factory=list)
+    message: str = ""
+    correctness: Correctness | None = None
+    timing: Timing | None = None
+    speedup: float | None = None
+    build_s: float = 0.0
+    wall_s: float = 0.0
+    env: Env | None = None
+    mode: Literal["open", "strict"] = "open"
+    guards: list[str] = Field(default_factory=list, description="runtime guards that ran")
+
+    @model_validator(mode="after")
+    def _speedup_only_when_correct(self):
+        if self.status != "correct":
+            self.speedup = None
+        elif self.speedup is None and self.timing is not None:
+            self.speedup = self.timing.speedup
+        return self
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "correct"
+
+    def to_json(self) -> dict:
+        return self.model_dump(mode="json")
