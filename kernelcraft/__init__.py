@@ -9,12 +9,9 @@ from kernelcraft.candidate import Candidate, load_candidate  # noqa: E402
 from kernelcraft.task import Task, TaskError, builtin_names, load_task  # noqa: E402
 from kernelcraft.verdict import REASONS, Verdict  # noqa: E402
 
-
-def evaluate(*args, **kwargs) -> "Verdict":
-    """See `kernelcraft.evaluate.evaluate` (imported lazily: importing kernelcraft stays light)."""
-    from kernelcraft.evaluate import evaluate as _evaluate
-
-    return _evaluate(*args, **kwargs)
+# Bound here, after the submodule import, so `kernelcraft.evaluate` stays the function (importing the
+# submodule `kernelcraft.evaluate` later does not rebind the package attribute). Light: no torch import.
+from kernelcraft.evaluate import evaluate  # noqa: E402
 
 
 __all__ = ["Candidate", "REASONS", "Task", "TaskError", "Verdict", "builtin_names", "evaluate",

@@ -137,8 +137,9 @@ class _CountingModule:
         counts = self._counts
 
         def counted(*args, **kwargs):
-            counts[key] = counts.get(key, 0) + 1
-            return value(*args, **kwargs)
+            out = value(*args, **kwargs)
+            counts[key] = counts.get(key, 0) + 1  # only calls that returned: a raising call ran no kernel
+            return out
 
         return counted
 

@@ -116,6 +116,10 @@ def _compare_values(res: Comparison, r: torch.Tensor, c: torch.Tensor, atol, rto
     if int(bad_nonfinite):
         res.fail("nan_or_inf", f"{where}{int(bad_nonfinite)} NaN/Inf values where the reference has none")
         return
+    missing_nonfinite = int((~r_fin & c_fin).sum())
+    if missing_nonfinite:
+        res.fail("value_mismatch", f"{where}{missing_nonfinite} finite values where the reference has NaN/Inf")
+        return
     both = r_fin & c_fin
     if not bool(both.any()):
         return

@@ -18,10 +18,11 @@ Design decisions
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
+import sys
 import threading
 import time
+import types
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +51,22 @@ def _precision_flags() -> dict:
         "grad_enabled": torch.is_grad_enabled(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "cudnn.enabled": b.cudnn.enabled,
+        "cudnn.deterministic": b.cudnn.deterministic,
+        "mkldnn.enabled": b.mkldnn.enabled,
+        "opt_einsum.enabled": getattr(getattr(b, "opt_einsum", None), "enabled", None),
     }
+    # scaled-dot-product-attention backends: disabling the fast ones slows the reference's attention
+    for name in ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled"):
+        fn = getattr(b.cuda, name, None)
+        if fn is not None:
+            flags[f"cuda.{name}"] = fn()
+    for name in ("preferred_linalg_library", "preferred_blas_library"):
+        fn = getattr(b.cuda, name, None)
+        if fn is not None:
+            try:
+                flags[f"cuda.{name}"] = str(fn())
+            except Exception:  # noqa: BLE001 - not available on this build
+                pass
     return flags
 
 
@@ -108,20 +124,67 @@ def _surface() -> dict[str, object]:
     return ids
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
+def _code_in_module(code, mod) -> bool:
+    """Is `code` (by identity) the code of a function defined in `mod`, or nested in one?"""
+    todo = []
+    for v in vars(mod).values():
+        for f in ([v] + (list(vars(v).values()) if isinstance(v, type) else [])):
+            f = getattr(f, "__func__", f)
+            if isinstance(f, types.FunctionType) and f.__module__ == mod.__name__:
+                todo.append(f.__code__)
+    while todo:
+        c = todo.pop()
+        if c is code:
+            return True
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return False
 
 
 def _same_function(now, orig) -> bool:
-    """Identical, or torch's own wrapper around the original (torch._dynamo wraps e.g. manual_seed
-    with `functools.wraps` when it is first imported, which a torch.compile candidate triggers)."""
+    """Identical, or torch's own wrapper around the original: torch._dynamo, imported by torch.compile or the
+    profiler, wraps e.g. manual_seed and patches nn.Module.__init__. Accepted only if the wrapper's code object
+    *is* one of a torch module's (a file name and __wrapped__ are forgeable: compile() takes any filename), its
+    globals are that module's, and every callable it closes over is the original itself."""
     if now is orig:
         return True
-    code = getattr(now, "__code__", None)
-    try:
-        return (code is not None and code.co_filename.startswith(_TORCH_DIR)
-                and inspect.unwrap(now) is orig)
-    except ValueError:
+    code, glb = getattr(now, "__code__", None), getattr(now, "__globals__", None)
+    if code is None or glb is None:
         return False
+    mod = sys.modules.get(glb.get("__name__", ""))
+    if mod is None or vars(mod) is not glb or not mod.__name__.startswith("torch."):
+        return False
+    try:
+        called = [c.cell_contents for c in (now.__closure__ or ()) if callable(c.cell_contents)]
+    except ValueError:  # an empty cell
+        return False
+    return bool(called) and all(c is orig for c in called) and _code_in_module(code, mod)
+
+
+def _harness_surface(ref_mod) -> dict[str, object]:
+    """The harness's own modules and the reference module: every attribute, and every class attribute of
+    classes defined there. A candidate reaching them through sys.modules must not change anything."""
+    out: dict[str, object] = {}
+    mods = [(n, sys.modules.get(n)) for n in ("kernelcraft.timing", "kernelcraft.check", "kernelcraft.guards",
+                                               "kernelcraft.build", "kernelcraft.worker", "__main__")]
+    mods.append(("reference", ref_mod))
+    for name, mod in mods:
+        if mod is None:
+            continue
+        for k, v in list(vars(mod).items()):
+            if k.startswith("__") or isinstance(v, types.ModuleType):
+                continue
+            out[f"{name}.{k}"] = v
+            if isinstance(v, type) and getattr(v, "__module__", None) == mod.__name__:
+                for ck, cv in _class_attrs(v).items():
+                    out[f"{name}.{k}.{ck}"] = cv
+    import torch.utils.cpp_extension as cpp_ext
+
+    out["cpp_extension.load_inline"], out["cpp_extension.load"] = cpp_ext.load_inline, cpp_ext.load
+    return out
+
+
+# attributes torch itself adds to these classes on first use of torch.compile
+TORCH_ADDED_ATTRS = {"nn.Module.___needs_generation_tag_patch"}
 
 
 class ProcessState:
@@ -131,10 +194,18 @@ class ProcessState:
         self.surface = _surface()
         self.cudnn_benchmark = torch.backends.cudnn.benchmark
         self.threads = {t.ident for t in threading.enumerate()}
+        self.harness: dict[str, object] = {}
+        self.ref_mod = None
 
     @classmethod
     def capture(cls) -> "ProcessState":
         return cls()
+
+    def watch_harness(self, ref_mod) -> None:
+        """Snapshot the harness modules and the reference module (after the worker's own patches, e.g. the
+        build cache's load_inline), just before the candidate is imported."""
+        self.ref_mod = ref_mod
+        self.harness = _harness_surface(ref_mod)
 
     def verify(self, result: dict | None = None) -> None:
         if result is not None and "process_state" not in result["guards"]:
@@ -152,10 +223,27 @@ class ProcessState:
         surface = _surface()
         patched = [k for k, v in self.surface.items() if not _same_function(surface.get(k), v)]
         # a class gaining an attribute is a patch too (modules may gain lazily imported submodules)
-        patched += [k for k in surface if k not in self.surface and k.startswith(tuple(p for p, _ in SURFACE_CLASSES))]
+        patched += [k for k in surface if k not in self.surface and k.startswith(tuple(p for p, _ in SURFACE_CLASSES))
+                    and k not in TORCH_ADDED_ATTRS]
         if patched:
             raise Reject("rejected", ["global_state_tampering"],
                          f"the candidate patched torch functions: {', '.join(sorted(patched)[:5])}")
+        if self.harness:
+            now_h = _harness_surface(self.ref_mod)
+            changed = sorted(k for k in set(self.harness) | set(now_h) if now_h.get(k) is not self.harness.get(k))
+            if changed:
+                code = "timer_tampering" if any(k.startswith("kernelcraft.timing.") for k in changed) \
+                    else "global_state_tampering"
+                raise Reject("rejected", [code], "the candidate patched the harness or the reference: "
+                             + ", ".join(changed[:5]))
+
+    def enter_reference(self) -> None:
+        """Before an (untimed-overhead) reference call: the snapshot's cudnn.benchmark; returns nothing."""
+        self._cand_benchmark = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+
+    def leave_reference(self) -> None:
+        torch.backends.cudnn.benchmark = getattr(self, "_cand_benchmark", torch.backends.cudnn.benchmark)
 
     @contextlib.contextmanager
     def reference_context(self):
@@ -184,17 +272,89 @@ def poison_free_memory(device: torch.device) -> None:
     del held
 
 
-def count_calls(cls) -> list[int]:
-    """Count calls of `cls.forward` (the reference): a candidate must never reach the harness's copy."""
+def check_hooks() -> None:
+    """Interpreter hooks (sys.setprofile/settrace, sys.monitoring) let code run later, inside the harness,
+    outside the timed region. None may be installed when a candidate call returns. Only C calls here:
+    a profile hook that waits for the harness's next Python call never gets one."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        raise Reject("rejected", ["global_state_tampering"],
+                     "the candidate installed an interpreter hook (sys.setprofile/settrace)")
+    mon = getattr(sys, "monitoring", None)
+    if mon is not None and any(mon.get_tool(i) is not None for i in range(6)):
+        raise Reject("rejected", ["global_state_tampering"],
+                     "the candidate registered a sys.monitoring tool")
+    # a TorchFunctionMode / TorchDispatchMode left pushed runs candidate code in every later torch call
+    # (the harness's snapshot and comparison included): a lazy output is filled in there
+    if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
+        raise Reject("rejected", ["global_state_tampering"],
+                     "the candidate left a torch function/dispatch mode pushed after forward returned")
+
+
+REFERENCE_CALLED = "kernelcraft: the candidate ran the reference's own code"
+
+
+def _stub_code(freevars: tuple[str, ...]) -> types.CodeType:
+    """A code object with the given free variables that only raises REFERENCE_CALLED."""
+    body = "".join(f"    {v} = None\n" for v in freevars)
+    use = f"        ({', '.join(freevars)},)\n" if freevars else ""
+    src = (f"def _outer():\n{body}    def _stub(*args, **kwargs):\n{use}"
+           f"        raise RuntimeError({REFERENCE_CALLED!r})\n    return _stub\n")
+    ns: dict = {}
+    exec(compile(src, "<kernelcraft reference trap>", "exec"), ns)
+    return ns["_outer"]().__code__
+
+
+class ReferenceTrap:
+    """While armed (around the candidate's correctness calls), every function defined in the reference module
+    has its __code__ swapped for a stub that raises: the reference is unusable however it is reached (a
+    function object taken at import, the original out of a wrapper's closure, a subclass, an instance)."""
+
+    def __init__(self, ref_mod):
+        self.swaps = []
+        seen = set()
+        objs = list(vars(ref_mod).values())
+        for v in list(objs):
+            if isinstance(v, type) and v.__module__ == ref_mod.__name__:
+                for a in vars(v).values():
+                    objs.append(getattr(a, "__func__", getattr(a, "fget", a)))
+        for fn in objs:
+            if isinstance(fn, types.FunctionType) and fn.__module__ == ref_mod.__name__ and id(fn) not in seen:
+                seen.add(id(fn))
+                stub = _stub_code(fn.__code__.co_freevars)
+                if stub.co_freevars == fn.__code__.co_freevars:
+                    self.swaps.append((fn, fn.__code__, stub))
+
+    @contextlib.contextmanager
+    def armed(self):
+        for fn, _, stub in self.swaps:
+            fn.__code__ = stub
+        try:
+            yield
+        finally:
+            for fn, code, _ in self.swaps:
+                fn.__code__ = code
+
+
+@contextlib.contextmanager
+def watch_calls(cls):
+    """Count calls of `cls.forward` (the harness's reference) while the candidate runs: a candidate must
+    never reach it. Installed only around candidate calls, so the reference's own timing is untouched."""
     counter = [0]
-    orig = cls.forward
+    orig = cls.__dict__.get("forward")
+    base = cls.forward
 
     def forward(self, *args, **kwargs):
         counter[0] += 1
-        return orig(self, *args, **kwargs)
+        return base(self, *args, **kwargs)
 
     cls.forward = forward
-    return counter
+    try:
+        yield counter
+    finally:
+        if orig is None:
+            del cls.forward
+        else:
+            cls.forward = orig
 
 
 def same_values(a, b) -> bool:
@@ -224,6 +384,29 @@ def check_threads(state: "ProcessState", candidate_path: str) -> None:
                          f"a thread started by the candidate ({t.name}) is still running after forward returned")
 
 
+def check_escaped_processes() -> None:
+    """Processes started by the candidate that left the worker's session (setsid, daemonised): killpg
+    cannot reach them, so they would outlive the evaluation."""
+    import os
+
+    from kernelcraft.runner import WORKER_TAG_VAR, tagged_processes
+
+    tag = os.environ.get(WORKER_TAG_VAR)
+    if not tag:
+        return
+    sid = os.getsid(0)
+    escaped = []
+    for pid in tagged_processes(tag):
+        try:
+            if os.getsid(pid) != sid:
+                escaped.append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    if escaped:
+        raise Reject("rejected", ["thread_injection"],
+                     f"the candidate started processes that left the worker's session (pids {escaped[:5]})")
+
+
 def profile_kernels(fn, device: torch.device) -> set[str] | None:
     """Names of the GPU kernels `fn` launched (None where the profiler cannot see kernels)."""
     if device.type != "cuda":
@@ -251,7 +434,8 @@ class SpotChecker:
     def __init__(self, atol, rtol, seed: int = 0, sample: int = 1 << 16):
         self.atol, self.rtol, self.sample = atol, rtol, sample
         self.gen: dict[torch.device, torch.Generator] = {}
-        self.seed = seed
+        # never the job's seed: a candidate that can predict the sampled indices computes only those
+        self.seed = int.from_bytes(os.urandom(8), "little") >> 1
 
     def agrees(self, ref, cand) -> bool:
         from kernelcraft.check import as_tensor_list, default_tolerance, is_plain_tensor

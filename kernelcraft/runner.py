@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kernelcraft
+from kernelcraft import sandbox
 
 MAX_CHANNEL_BYTES = 16 << 20
 BUILD_PHASES = ("spawn", "start", "reference", "import")
@@ -74,10 +75,15 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
     r_fd, w_fd = os.pipe()
     t_start = time.monotonic()
     with open(log_path, "wb") as log:
+        tag = secrets.token_hex(12)  # inherited by all the worker starts, also what leaves its process group
+        argv, env = sandbox.prepare([sys.executable, "-m", "kernelcraft.worker"],
+                                    {**worker_env(root, visible_gpu), WORKER_TAG_VAR: tag},
+                                    work_dir=work_dir, cache_dir=root)
+        bwrapped = argv[0] == sandbox.bwrap_path()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelcraft.worker"], stdin=subprocess.PIPE, stdout=log,
+            argv, stdin=subprocess.PIPE, stdout=log,
             stderr=subprocess.STDOUT, pass_fds=(w_fd,), start_new_session=True, cwd=work_dir,
-            env=worker_env(root, visible_gpu))
+            env=env)
     os.close(w_fd)
     try:
         proc.stdin.write((json.dumps({**job, "nonce": nonce, "fd": w_fd}) + "\n").encode())
@@ -125,10 +131,45 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
     finally:
         sel.close()
         os.close(r_fd)
+        if not out.timed_out and not out.forged and out.result is None:
+            try:  # the channel closed without a result: let the worker exit by itself, to see its real status
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
         _kill_group(proc)
+        kill_tagged(tag)  # descendants that left the process group (setsid, double fork)
         out.returncode = proc.returncode
+        if bwrapped and out.returncode is not None and out.returncode > 128:
+            out.returncode = 128 - out.returncode  # bwrap exits 128 + the signal that killed the worker
         out.log_tail = _tail(log_path)
     return out
+
+
+WORKER_TAG_VAR = "KERNELCRAFT_WORKER_TAG"
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Pids whose initial environment carries this worker's tag (the worker and all it started)."""
+    needle = f"{WORKER_TAG_VAR}={tag}".encode() + b"\0"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read():
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def kill_tagged(tag: str) -> None:
+    for pid in tagged_processes(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _parse(line: bytes, nonce: str) -> dict | None:

@@ -27,11 +27,18 @@ FRAME_ATTRS = {"_getframe", "f_back", "f_locals", "f_globals", "tb_frame", "gi_f
 PROCESS_MODULES = {"threading", "_thread", "multiprocessing", "concurrent", "subprocess", "pty", "signal"}
 PROCESS_CALLS = {"fork", "forkpty", "system", "popen", "spawnl", "spawnv", "spawnlp", "spawnvp",
                  "posix_spawn", "execv", "execl", "execvp", "kill"}
+HOOK_ATTRS = {"setprofile", "settrace", "monitoring", "setprofile_all_threads", "settrace_all_threads"}
 CLOCK_ROOTS = {"time", "torch.cuda", "timeit"}
 STATE_CALLS = {"torch.set_num_threads", "torch.set_num_interop_threads", "torch.set_default_dtype",
                "torch.set_default_tensor_type", "torch.set_float32_matmul_precision",
                "torch.use_deterministic_algorithms", "torch.set_default_device",
-               "torch.backends.cuda.matmul.allow_tf32", "torch.set_flush_denormal"}
+               "torch.backends.cuda.matmul.allow_tf32", "torch.set_flush_denormal",
+               "torch.backends.cuda.enable_flash_sdp", "torch.backends.cuda.enable_mem_efficient_sdp",
+               "torch.backends.cuda.enable_math_sdp", "torch.backends.cuda.enable_cudnn_sdp",
+               "torch._C._set_torch_function_mode", "torch._C._push_on_torch_function_stack",
+               "torch._C._push_on_torch_dispatch_stack"}
+# introspection that reaches the reference or other functions' insides
+INTROSPECTION_ATTRS = {"__code__", "__closure__", "cell_contents", "__globals__", "__subclasses__", "__wrapped__"}
 ALLOWED_TORCH_ASSIGN = ("torch.backends.cudnn.benchmark", "torch._dynamo.config", "torch._inductor.config")
 _GLOBAL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
 
@@ -100,9 +107,18 @@ def screen(source: str, mode: str = "open") -> Screening:
                     s.add("thread_injection", node, f"imports {m}: threads and processes are not allowed")
                 elif top == "gc":
                     s.add("forbidden_construct", node, "imports gc (walking the harness's objects)")
+                elif top in ("importlib", "builtins"):
+                    s.add("forbidden_construct", node, f"imports {m} (imports by computed name)")
         elif isinstance(node, ast.Attribute):
-            if node.attr in FRAME_ATTRS:
+            if node.attr in INTROSPECTION_ATTRS:
+                s.add("forbidden_construct", node, f"uses .{node.attr} (reaching into other code)")
+            elif node.attr in FRAME_ATTRS:
                 s.add("forbidden_construct", node, f"uses .{node.attr} (inspecting the harness's frames)")
+            elif node.attr in HOOK_ATTRS and _dotted(node.value, aliases) in ("sys", "threading"):
+                s.add("global_state_tampering", node, f"uses {_dotted(node.value, aliases)}.{node.attr} "
+                      "(interpreter hooks run code inside the harness)")
+            elif node.attr == "modules" and _dotted(node.value, aliases) == "sys":
+                s.add("forbidden_construct", node, "uses sys.modules (reaching the harness's modules)")
             elif node.attr in PROCESS_CALLS and _dotted(node.value, aliases) == "os":
                 s.add("thread_injection", node, f"calls os.{node.attr}")
         elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__import__"):

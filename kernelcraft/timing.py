@@ -147,24 +147,42 @@ def measure(
     warmup_s: float = 0.2,
     batch: int = 10,
     seed: int = 0,
+    prepare: Callable[[str], None] | None = None,
 ) -> TimingResult:
     """Paired, interleaved timing until the speedup CI is within ±target or `budget_s` is spent.
 
+    At least `min_rounds` rounds are timed unless that would take over 3× the budget (slow forwards).
+
     `next_inputs(i)` returns (ref_args, cand_args) for round i; `spot_check(ref_out, cand_out)` raises
-    if the candidate's output of a timed call is wrong.
+    if the candidate's output of a timed call is wrong; `prepare("ref" | "cand")` runs before each side's
+    call, outside the timed region. Both sides are timed through identical code paths.
     """
     rng = random.Random(seed)
+    prepare = prepare or (lambda side: None)
+
+    def time_ref(args):
+        prepare("ref")
+        return clock.time_call(lambda: run_ref(args))
+
+    def time_cand(args):
+        prepare("cand")
+        return clock.time_call(lambda: run_cand(args))
     # warm-up: both sides, until each has run 3 times and warmup_s has passed (capped at 50 calls)
     t_end = _perf_ns() + int(warmup_s * 1e9)
     for i in range(50):
         ref_args, cand_args = next_inputs(-1 - i)
-        spot_check(run_ref(ref_args), run_cand(cand_args))
+        prepare("ref")
+        r_out = run_ref(ref_args)
+        prepare("cand")
+        spot_check(r_out, run_cand(cand_args))
         clock.sync()
         if i >= 2 and _perf_ns() > t_end:
             break
 
     ref_s, cand_s, ref_h, cand_h, ratios = [], [], [], [], []
-    deadline = _perf_ns() + int(budget_s * 1e9)
+    start = _perf_ns()
+    deadline = start + int(budget_s * 1e9)
+    hard_deadline = start + int(3 * max(budget_s, 1.0) * 1e9)  # min_rounds yields to this
     converged = False
     checks = 0
     rounds = 0
@@ -172,11 +190,12 @@ def measure(
         for _ in range(batch):
             ref_args, cand_args = next_inputs(rounds)
             if rng.random() < 0.5:
-                r, rh, r_out = clock.time_call(lambda: run_ref(ref_args))
-                c, ch, c_out = clock.time_call(lambda: run_cand(cand_args))
+                r, rh, r_out = time_ref(ref_args)
+                c, ch, c_out = time_cand(cand_args)
             else:
-                c, ch, c_out = clock.time_call(lambda: run_cand(cand_args))
-                r, rh, r_out = clock.time_call(lambda: run_ref(ref_args))
+                c, ch, c_out = time_cand(cand_args)
+                r, rh, r_out = time_ref(ref_args)
+            prepare("cand")
             spot_check(r_out, c_out)
             checks += 1
             del r_out, c_out
@@ -187,7 +206,8 @@ def measure(
         if rounds >= min_rounds and hi / med - 1 <= target and 1 - lo / med <= target:
             converged = True
             break
-        if _perf_ns() > deadline and rounds >= 3:
+        now = _perf_ns()
+        if now > deadline and (rounds >= min_rounds or (now > hard_deadline and rounds >= 3)):
             break
     method = ("cuda: L2 flush, CUDA events + device-wide sync, host-clock cross-check; paired rounds"
               if clock.cuda else "cpu: host perf_counter; paired rounds")

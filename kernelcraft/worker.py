@@ -155,8 +155,10 @@ class Evaluation:
         except Exception as e:
             raise Reject("runtime_error", ["harness_error"], "kernelcraft failed to snapshot process state: "
                          + describe_exception(e)) from None
-        self.ref_calls = guards.count_calls(self.ref_mod.Model)
+        self.ref_trap = guards.ReferenceTrap(self.ref_mod)
         self.build.install(count_calls=job.get("mode") == "strict")
+        self.state.watch_harness(self.ref_mod)
+        verify = guards.ProcessState.verify  # a local: out of reach of a candidate patching the harness
         self.enter("import")
         cand_mod = _import_file(self.candidate_path, "kernelcraft_candidate")
         self.result["build_cache"] = {"builds": self.build.builds, "hits": self.build.hits}
@@ -169,6 +171,7 @@ class Evaluation:
         if job.get("timing", True):
             self.enter("time")
             self._time()
+        verify(self.state, self.result)  # once more, through the binding made before the candidate existed
         return self.result
 
     def build_only(self) -> dict:
@@ -263,8 +266,18 @@ class Evaluation:
         with self.state.reference_context():
             return self._call(self.ref_model, args)
 
+    def _prepare_side(self, side: str) -> None:
+        """Outside the timed region: the reference runs with the snapshot's cudnn.benchmark."""
+        if side == "ref":
+            self.state.enter_reference()
+        else:
+            self.state.leave_reference()
+
     def run_cand(self, args):
-        return self._call(self.cand_model, args)
+        out = self._call(self.cand_model, args)
+        if self.guarded:
+            guards.check_hooks()
+        return out
 
     def _check(self) -> None:
         job, trials = self.job, self.job["trials"]
@@ -291,6 +304,7 @@ class Evaluation:
             if guarded:
                 self.state.verify(self.result)
                 guards.check_threads(self.state, self.candidate_path)
+                guards.check_escaped_processes()
             if not _same(cand_in, inputs) and _same(ref_in, inputs):
                 raise Reject("incorrect", ["input_mutation"], f"trial {t + 1}: the candidate modified its inputs")
             if snap is not None and not guards.same_values(snap, cand_out):
@@ -327,11 +341,16 @@ class Evaluation:
     def _run_cand_snapshot(self, args):
         """Call the candidate and copy its outputs at once, on the current stream, without any sync:
         an output that is still being written elsewhere differs from the copy later."""
-        before = self.ref_calls[0]
-        out = self.run_cand(args)
-        snap = _clone(out) if self.guarded and isinstance(out, (torch.Tensor, list, tuple)) else None
-        if self.ref_calls[0] != before:
-            raise Reject("rejected", ["reference_call"], "the candidate called the reference Model")
+        try:
+            with guards.watch_calls(self.ref_mod.Model) as ref_calls, self.ref_trap.armed():
+                out = self.run_cand(args)
+                snap = _clone(out) if self.guarded and isinstance(out, (torch.Tensor, list, tuple)) else None
+        except RuntimeError as e:
+            if guards.REFERENCE_CALLED in str(e):
+                raise Reject("rejected", ["reference_call"], "the candidate ran the reference Model's code") from None
+            raise
+        if ref_calls[0]:
+            raise Reject("rejected", ["reference_call"], "the candidate called the harness's reference Model")
         return out, snap
 
     def _check_own_kernel(self, args) -> None:
@@ -369,8 +388,17 @@ class Evaluation:
             j = rng.randrange(len(pool) - 1)
             j = j + 1 if j >= last[0] >= 0 else j  # never the same set twice in a row
             last[0] = j
-            _copy_into(ref_buf, pool[j])
-            _copy_into(cand_buf, pool[j])
+            # values never seen before: a random convex mix of two pool sets (ranges and signs preserved), so
+            # a cache keyed on input values never hits; integer/bool inputs are copied as they are
+            j2 = (j + 1 + rng.randrange(len(pool) - 1)) % len(pool)
+            w = rng.uniform(0.05, 0.95)
+            for d, x, y in zip(ref_buf, pool[j], pool[j2]):
+                if isinstance(d, torch.Tensor):
+                    if d.is_floating_point():
+                        torch.lerp(x, y, w, out=d)
+                    else:
+                        d.copy_(x)
+            _copy_into(cand_buf, ref_buf)
             return ref_buf, cand_buf
 
         return next_inputs, len(pool)
@@ -401,7 +429,8 @@ class Evaluation:
         with _device_lock(job.get("lock_path")):
             clock = timing.Clock(self.device)
             res = timing.measure(
-                clock, self.run_ref, self.run_cand, next_inputs, spot_check, seed=job["seed"], **t_opts)
+                clock, lambda a: self._call(self.ref_model, a), self.run_cand, next_inputs, spot_check, seed=job["seed"],
+                prepare=self._prepare_side, **t_opts)
         self.state.verify(self.result)
         rec = res.record()
         rec["pool_sets"] = pool_size

@@ -1,0 +1,160 @@
+"""Legitimate candidates (tests/fixtures/legit/*.py, CPU ones) are judged correct with a speedup and a CI;
+the verdict record has the contract's shape; inputs and constructor arguments come from the reference.
+
+Fixture headers are as in test_faults.py (`# expect:`, `# task:`, `# options:`); a fixture with a
+`# covered-in: FILE` line is evaluated there instead (the C++ extension's cold build is slow, so one test
+file owns it).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fixture_header import read_header
+from kernelcraft.evaluate import evaluate
+from kernelcraft.task import load_task
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LEGIT = FIXTURES / "legit"
+FAULTS = FIXTURES / "faults"
+TASKS = FIXTURES / "tasks"
+
+FAST = dict(time_budget_s=0.5, trials=3, timeout_s=60.0)
+
+CONTRACT_KEYS = {"task", "candidate_sha256", "device", "status", "reasons", "message", "correctness", "timing",
+                 "speedup", "build_s", "wall_s", "env"}
+CORRECTNESS_KEYS = {"trials", "passed", "max_abs_err", "max_rel_err", "atol", "rtol"}
+TIMING_KEYS = {"ref_ms", "cand_ms", "speedup", "ci95", "samples", "method"}
+ENV_KEYS = {"kernelcraft", "torch", "cuda", "gpu"}
+
+
+# gpu_*.py: tests/test_gpu_eval.py; guard_*.py belong to tests/test_guards.py (their own header format)
+ALL_CPU_LEGIT = sorted(p for p in LEGIT.glob("*.py") if not p.name.startswith(("gpu_", "guard_")))
+CPU_LEGIT = [p for p in ALL_CPU_LEGIT if not read_header(p)["covered_in"]]
+
+
+def assert_contract_record(rec: dict) -> None:
+    missing = CONTRACT_KEYS - set(rec)
+    assert not missing, f"verdict record lacks contract keys {missing}"
+    assert set(rec["env"]) >= ENV_KEYS, rec["env"]
+    assert isinstance(rec["reasons"], list) and isinstance(rec["message"], str)
+    assert re.fullmatch(r"[0-9a-f]{64}", rec["candidate_sha256"])
+    if rec["correctness"] is not None:
+        assert set(rec["correctness"]) >= CORRECTNESS_KEYS, rec["correctness"]
+    if rec["timing"] is not None:
+        assert set(rec["timing"]) >= TIMING_KEYS, rec["timing"]
+        assert len(rec["timing"]["ci95"]) == 2
+    if rec["status"] != "correct":
+        assert rec["speedup"] is None
+    json.loads(json.dumps(rec))
+
+
+def test_legit_fixtures_exist_and_have_headers():
+    assert len(ALL_CPU_LEGIT) >= 5
+    for p in ALL_CPU_LEGIT:
+        head = read_header(p)
+        assert head["status"] == "correct", p.name
+        assert (TASKS / head["task"]).is_file(), p.name
+
+
+@pytest.mark.parametrize("path", CPU_LEGIT, ids=lambda p: p.stem)
+def test_legit_candidate_is_correct_with_speedup(path, cache_dir):
+    head = read_header(path)
+    v = evaluate(TASKS / head["task"], path, **{**FAST, **head["options"]})
+    assert v.status == "correct", f"{path.name}: {v.status}/{v.reasons}: {v.message}"
+    assert v.reasons == []
+    assert v.device == "cpu"
+    assert v.candidate_sha256 == hashlib.sha256(path.read_text().encode()).hexdigest()
+    c = v.correctness
+    assert c is not None and c.trials == c.passed == FAST["trials"]
+    assert c.max_abs_err is not None and c.max_abs_err <= 1e-3
+    t = v.timing
+    assert t is not None, "a correct verdict with timing on carries a timing record"
+    assert v.speedup is not None and v.speedup > 0
+    assert t.ref_ms > 0 and t.cand_ms > 0 and t.samples >= 3
+    lo, hi = t.ci95
+    assert 0 < lo <= t.speedup <= hi, t
+    assert t.method.startswith("cpu")
+    assert v.build_s < 1.0, "a pure-PyTorch candidate builds nothing"
+    assert v.wall_s > 0
+    assert_contract_record(v.to_json())
+
+
+def test_inputs_and_init_args_come_from_the_reference(cache_dir):
+    """own_get_inputs.py defines smaller `get_inputs`/constants and its own alpha; it only returns the right
+    shape for the reference's (16, 64) inputs and the right values for the reference's alpha=0.75."""
+    v = evaluate(TASKS / "tiny_elementwise.py", LEGIT / "own_get_inputs.py", timing=False, trials=2)
+    assert v.status == "correct", v.message
+    assert v.timing is None and v.speedup is None  # timing off: no speedup claimed
+
+
+def test_candidate_asserting_its_own_input_shape_fails(cache_dir):
+    """The mirror image: a candidate that insists on its own small inputs gets the reference's and fails."""
+    src = (LEGIT / "own_get_inputs.py").read_text().replace(
+        "        if tuple(a.shape) != (16, 64):",
+        "        assert tuple(a.shape) == (batch_size, dim), f'kc-test: got {tuple(a.shape)}'\n"
+        "        if False:")
+    v = evaluate(TASKS / "tiny_elementwise.py", src, timing=False, trials=1)
+    assert (v.status, v.reasons) == ("runtime_error", ["exception"]), v.message
+    assert "kc-test: got (16, 64)" in v.message
+
+
+def test_source_text_task_and_candidate(cache_dir):
+    """Task and candidate given as source text (as the reward service does) evaluate like files."""
+    task_src = (TASKS / "tiny_matmul.py").read_text()
+    cand_src = (LEGIT / "matmul_mm.py").read_text()
+    v = evaluate(task_src, cand_src, timing=False, trials=2)
+    assert v.status == "correct", v.message
+    assert v.task == "<source>"
+    assert v.candidate_sha256 == hashlib.sha256(cand_src.encode()).hexdigest()
+    assert_contract_record(v.to_json())
+
+
+def test_incorrect_record_has_contract_shape(cache_dir):
+    v = evaluate(TASKS / "tiny_elementwise.py", FAULTS / "value_mismatch.py", timing=False, trials=3)
+    assert (v.status, v.reasons) == ("incorrect", ["value_mismatch"])
+    rec = v.to_json()
+    assert_contract_record(rec)
+    assert rec["speedup"] is None
+    c = rec["correctness"]
+    assert c is not None and c["passed"] == 0 and c["trials"] == 3
+    assert c["max_abs_err"] > 1e-3  # 0.01 * |a| with a ~ N(0, 1)
+
+
+def test_faster_candidate_measures_faster(cache_dir):
+    """diag(A) @ B (a dense 256^3 matmul) against a row scaling: clearly faster, whatever the machine load."""
+    v = evaluate(TASKS / "tiny_diag_matmul.py", LEGIT / "diag_matmul_rowscale.py", time_budget_s=0.5,
+                 trials=2, remeasure_above=None)
+    assert v.status == "correct", v.message
+    assert v.speedup > 2.0, v.timing
+    assert v.timing.ci95[0] > 1.0, v.timing
+
+
+def test_trials_and_tolerance_options_are_reported(cache_dir):
+    v = evaluate(TASKS / "tiny_matmul.py", LEGIT / "matmul_mm.py", timing=False, trials=4, atol=1e-3, rtol=1e-3)
+    assert v.status == "correct", v.message
+    assert (v.correctness.trials, v.correctness.passed) == (4, 4)
+    assert (v.correctness.atol, v.correctness.rtol) == (1e-3, 1e-3)
+
+
+def test_bad_task_and_options_raise(cache_dir):
+    from kernelcraft.task import TaskError
+
+    with pytest.raises(TaskError):
+        evaluate(TASKS / "does_not_exist.py", LEGIT / "matmul_mm.py", timing=False)
+    with pytest.raises(ValueError):
+        evaluate(TASKS / "tiny_matmul.py", LEGIT / "matmul_mm.py", mode="bogus")
+    with pytest.raises(ValueError):
+        evaluate(TASKS / "tiny_matmul.py", LEGIT / "matmul_mm.py", trials=0)
+    with pytest.raises(FileNotFoundError):
+        evaluate(TASKS / "tiny_matmul.py", LEGIT / "does_not_exist.py")
+
+
+def test_fixture_tasks_are_valid_kernelbench_files():
+    for p in sorted(TASKS.glob("*.py")):
+        t = load_task(p)
+        assert t.source and t.name == str(p)

@@ -1,0 +1,139 @@
+"""GPU evaluations (all `@pytest.mark.gpu`: skipped without CUDA). Written for one H100; each test runs its own
+worker, and the CUDA builds (nvcc, ~1-2 min cold) are shared through the session cache.
+
+Fixtures: tests/fixtures/legit/gpu_*.py, tests/fixtures/faults/gpu_*.py, task tests/fixtures/tasks/gpu_add_relu.py.
+Headers as in test_faults.py; a fault may name alternatives (`runtime_error/cuda_error|crashed`).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kernelcraft.evaluate import evaluate
+
+pytestmark = pytest.mark.gpu
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TASK = FIXTURES / "tasks" / "gpu_add_relu.py"
+CUDA_CAND = FIXTURES / "legit" / "gpu_cuda_add_relu.py"
+TRITON_CAND = FIXTURES / "legit" / "gpu_triton_add_relu.py"
+ILLEGAL = FIXTURES / "faults" / "gpu_illegal_address.py"
+OOM = FIXTURES / "faults" / "gpu_oom.py"
+CUDA_EXT = "kc_test_cuda_add_relu"  # the `name=` the CUDA fixture passes to load_inline
+
+# correctness trials on fresh inputs, 2 s of paired timing; generous clocks for a first nvcc build
+OPTS = dict(device="cuda", trials=3, time_budget_s=2.0, timeout_s=180.0, build_timeout_s=900.0)
+
+
+def expected(path: Path) -> tuple[str, set[str]]:
+    first = path.read_text().splitlines()[0]
+    m = re.match(r"#\s*expect:\s*([a-z_]+)(?:/([a-z_|]+))?", first)
+    assert m, f"{path.name}: first line must be '# expect: STATUS/REASON[|REASON] — ...'"
+    return m.group(1), set((m.group(2) or "").split("|")) - {""}
+
+
+def build_dirs(cache: Path, ext_name: str) -> list[Path]:
+    ext = cache / "ext"
+    if not ext.is_dir():
+        return []
+    return sorted(d for d in ext.iterdir() if d.is_dir() and any(d.glob(f"{ext_name}*.so")))
+
+
+def assert_correct_with_timing(v, what: str) -> None:
+    assert v.status == "correct", f"{what}: {v.status}/{v.reasons}: {v.message[:3000]}"
+    assert v.reasons == []
+    assert v.device.startswith("cuda:"), v.device
+    assert v.env is not None and v.env.gpu, "the GPU's name is reported in env.gpu"
+    assert v.env.cuda, "the CUDA version is reported"
+    c = v.correctness
+    assert c.trials == c.passed == OPTS["trials"]
+    assert c.max_abs_err is not None and c.max_abs_err <= 1e-5  # add + relu is exact in fp32
+    t = v.timing
+    assert t is not None and t.method.startswith("cuda"), t
+    assert v.speedup is not None and v.speedup > 0
+    lo, hi = t.ci95
+    assert 0 < lo <= t.speedup <= hi, t
+    assert t.samples >= 3 and t.ref_ms > 0 and t.cand_ms > 0
+    assert t.spot_checks >= t.samples
+
+
+@pytest.fixture(scope="module")
+def cuda_cold_and_warm(cache_dir):
+    """The CUDA candidate evaluated twice, the first time with no build of it in the cache."""
+    for d in build_dirs(cache_dir, CUDA_EXT):
+        shutil.rmtree(d)
+    first = evaluate(TASK, CUDA_CAND, **OPTS)
+    second = evaluate(TASK, CUDA_CAND, **OPTS)
+    return first, second
+
+
+def test_cuda_inline_candidate_correct_with_speedup(cuda_cold_and_warm):
+    """(a) fused add+relu in inline CUDA: correct, positive speedup with a CI (fusion should beat eager)."""
+    first, second = cuda_cold_and_warm
+    for v in (first, second):
+        assert_correct_with_timing(v, "gpu_cuda_add_relu")
+    # memory bound: 3 passes instead of eager's 5; allow a wide margin for clocks and launch overheads
+    assert second.speedup > 1.0, second.timing
+
+
+def test_cuda_second_build_is_cached(cuda_cold_and_warm, cache_dir):
+    """(e) the second evaluation loads the cached binary: much smaller build_s."""
+    first, second = cuda_cold_and_warm
+    assert first.build_s > 5.0, f"a cold nvcc build took only {first.build_s:.2f} s?"
+    assert second.build_s < first.build_s / 3, (first.build_s, second.build_s)
+    (d,) = build_dirs(cache_dir, CUDA_EXT)
+    assert (d / ".built").exists()
+
+
+def test_cuda_inline_candidate_strict_mode(cuda_cold_and_warm):
+    """Strict mode: the candidate's own kernel runs on the measured path, so it stays correct."""
+    v = evaluate(TASK, CUDA_CAND, **{**OPTS, "mode": "strict", "timing": False})
+    assert v.status == "correct", f"{v.status}/{v.reasons}: {v.message[:3000]}"
+    assert v.mode == "strict"
+
+
+def test_triton_candidate_correct():
+    """(b) fused add+relu in Triton."""
+    v = evaluate(TASK, TRITON_CAND, **OPTS)
+    assert_correct_with_timing(v, "gpu_triton_add_relu")
+
+
+def test_triton_candidate_strict_mode():
+    v = evaluate(TASK, TRITON_CAND, **{**OPTS, "mode": "strict", "timing": False})
+    assert v.status == "correct", f"{v.status}/{v.reasons}: {v.message[:3000]}"
+
+
+def test_illegal_address_then_good_candidate(cuda_cold_and_warm):
+    """(c) a kernel writing through a bad pointer: runtime_error (cuda_error, or crashed if the worker dies);
+    the caller survives, and the next evaluation on the same GPU (a fresh worker, fresh context) is correct."""
+    status, reasons = expected(ILLEGAL)
+    v = evaluate(TASK, ILLEGAL, **{**OPTS, "timing": False})
+    assert v.status == status, f"{v.status}/{v.reasons}: {v.message[:3000]}"
+    assert len(v.reasons) == 1 and v.reasons[0] in reasons, v.reasons
+    assert v.speedup is None
+    if v.reasons == ["cuda_error"]:
+        assert re.search(r"(?i)illegal (memory )?address|CUDA error", v.message), v.message[:3000]
+    good = evaluate(TASK, CUDA_CAND, **{**OPTS, "timing": False})
+    assert good.status == "correct", f"{good.status}/{good.reasons}: {good.message[:3000]}"
+
+
+def test_out_of_memory():
+    """(d) a 10 TiB allocation: runtime_error / out_of_memory, and the next evaluation is fine."""
+    status, reasons = expected(OOM)
+    v = evaluate(TASK, OOM, **{**OPTS, "timing": False})
+    assert (v.status, set(v.reasons)) == (status, reasons), f"{v.status}/{v.reasons}: {v.message[:3000]}"
+    assert re.search(r"(?i)out of memory", v.message), v.message[:3000]
+    good = evaluate(TASK, TRITON_CAND, **{**OPTS, "timing": False})
+    assert good.status == "correct", good.message[:3000]
+
+
+def test_fault_fixture_headers():
+    for p in sorted((FIXTURES / "faults").glob("gpu_*.py")) + sorted((FIXTURES / "legit").glob("gpu_*.py")):
+        status, reasons = expected(p)
+        if p.parent.name == "legit":
+            assert status == "correct" and not reasons, p.name
+        else:
+            assert status in ("runtime_error", "incorrect", "compile_error", "timeout", "rejected") and reasons

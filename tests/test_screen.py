@@ -1,0 +1,183 @@
+"""The static AST screen (kernelcraft.screen): rules on snippets, and what it says about every guard fixture.
+
+Runs no worker and no candidate code: the whole module takes well under a second.
+"""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import test_guards as G
+from kernelcraft.evaluate import evaluate
+from kernelcraft.screen import screen
+
+
+def reasons(src: str, mode: str = "open") -> list[str]:
+    return screen(textwrap.dedent(src), mode).reasons
+
+
+# -- every guard fixture: the `static:` key of its header ------------------------------------------------------
+@pytest.mark.parametrize("path", G.all_guard_fixtures(), ids=lambda p: p.name)
+def test_fixture_static_expectation(path: Path):
+    spec = G.parse_header(path)
+    s = screen(path.read_text(), spec.mode)
+    found = [m for _, m in s.findings]
+    if spec.static == "flagged":
+        want = set(spec.expect.reasons)
+        assert want & set(s.reasons), f"{path.name}: the screen should flag one of {sorted(want)}; found {found}"
+    elif spec.static in ("dodges", "clean"):
+        assert not s.findings, f"{path.name} ({spec.static}): the screen should find nothing, found {found}"
+
+
+def test_screen_on_flagged_fixture_rejects_without_a_worker():
+    """A screen finding is a verdict before any process starts (no runtime guards listed)."""
+    spec = G.parse_header(G.HACKS / "timer_patch_at_import.py")
+    v = evaluate(spec.task, spec.path, device="cpu", screen=True, timing=False)
+    assert v.status == "rejected" and v.reasons == ["timer_tampering"] and v.guards == ["screen"], v
+
+
+# -- rules -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("src,code", [
+    ("import time\ntime.perf_counter = lambda: 0.0\n", "timer_tampering"),
+    ("import time as t\nt.perf_counter_ns = lambda: 0\n", "timer_tampering"),
+    ("from time import perf_counter\nimport time\ntime.monotonic += 0\n", "timer_tampering"),
+    ("import torch\ntorch.cuda.Event.elapsed_time = lambda s, e: 0.0\n", "timer_tampering"),
+    ("import torch\nsetattr(torch.cuda, 'synchronize', lambda: None)\n", "timer_tampering"),
+    ("import timeit\ntimeit.default_timer = lambda: 0\n", "timer_tampering"),
+    ("import torch\ntorch.nn.functional.linear = None\n", "global_state_tampering"),
+    ("import torch.nn.functional as F\nF.linear = None\n", "global_state_tampering"),
+    ("from torch.nn import functional as F\nF.gelu = None\n", "global_state_tampering"),
+    ("import torch\ntorch.Tensor.__matmul__ = None\n", "global_state_tampering"),
+    ("import torch\nsetattr(torch.Tensor, '__add__', None)\n", "global_state_tampering"),
+    ("import torch\ndel torch.nn.functional.relu\n", "global_state_tampering"),
+    ("import torch\na, torch.matmul = 1, None\n", "global_state_tampering"),
+    ("import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n", "global_state_tampering"),
+    ("import torch\ntorch.backends.cudnn.allow_tf32 = True\n", "global_state_tampering"),
+    ("import torch\ntorch.backends.cudnn.enabled = False\n", "global_state_tampering"),
+    ("import torch\ntorch.set_num_threads(1)\n", "global_state_tampering"),
+    ("import torch\ntorch.set_float32_matmul_precision('medium')\n", "global_state_tampering"),
+    ("import torch\ntorch.set_default_dtype(torch.float64)\n", "global_state_tampering"),
+    ("import torch\ntorch.use_deterministic_algorithms(True)\n", "global_state_tampering"),
+    ("import torch\ntorch.set_flush_denormal(True)\n", "global_state_tampering"),
+    ("from torch import set_num_threads\nset_num_threads(1)\n", "global_state_tampering"),
+    ("import threading\n", "thread_injection"),
+    ("from threading import Thread\n", "thread_injection"),
+    ("import _thread\n", "thread_injection"),
+    ("from concurrent.futures import ThreadPoolExecutor\n", "thread_injection"),
+    ("import multiprocessing as mp\n", "thread_injection"),
+    ("import subprocess\n", "thread_injection"),
+    ("import signal\n", "thread_injection"),
+    ("import os\nos.fork()\n", "thread_injection"),
+    ("import os\nos.system('true')\n", "thread_injection"),
+    ("import os as o\no.posix_spawn\n", "thread_injection"),
+    ("import kernelcraft\n", "forbidden_construct"),
+    ("from kernelcraft.guards import ProcessState\n", "forbidden_construct"),
+    ("import kernelcraft_reference\n", "forbidden_construct"),
+    ("import gc\n", "forbidden_construct"),
+    ("import sys\nf = sys._getframe(1)\n", "forbidden_construct"),
+    ("import inspect\nf = inspect.currentframe().f_back.f_locals\n", "forbidden_construct"),
+    ("x = __import__('os')\n", "forbidden_construct"),
+    ("b = __builtins__\n", "forbidden_construct"),
+])
+def test_rule_flags(src: str, code: str):
+    assert code in reasons(src), (src, reasons(src))
+
+
+@pytest.mark.parametrize("src", [
+    "import torch\ntorch.backends.cudnn.benchmark = True\n",
+    "import torch\nimport torch._inductor.config\ntorch._inductor.config.coordinate_descent_tuning = True\n",
+    "import torch\ntorch._dynamo.config.cache_size_limit = 64\n",
+    "import time\nt0 = time.perf_counter()\nms = (time.perf_counter() - t0) * 1e3\n",
+    "import torch\ntorch.cuda.synchronize()\ns = torch.cuda.Stream()\n",
+    "import torch\nn = torch.get_num_threads()\np = torch.get_float32_matmul_precision()\n",
+    "from time import perf_counter\nperf_counter = None  # rebinding a local name patches nothing\n",
+    "import torch\nclass M(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+    "        self.linear = torch.nn.Linear(2, 2)\n        self.linear.weight.data.fill_(0)\n",
+    "import os\npath = os.path.join('a', 'b')\nn = os.cpu_count()\n",
+    "import torch\nwith torch.backends.cudnn.flags(enabled=True, benchmark=True):\n    pass\n",
+    "import torch\nx = torch.ones(2)\nx.requires_grad = False\n",
+])
+def test_rule_allows(src: str):
+    assert reasons(src) == [], (src, screen(src).findings)
+
+
+def test_findings_carry_line_numbers():
+    s = screen("import torch\n\n\ntorch.set_num_threads(1)\n")
+    assert s.findings and "(line 4)" in s.findings[0][1]
+
+
+# -- strict mode: own kernels and the reference ----------------------------------------------------------------
+CUDA_EXT = '''
+import torch
+from torch.utils.cpp_extension import load_inline
+src = r"""
+__global__ void scale_kernel(float* x, int n) {}
+__global__ __launch_bounds__(256) void other_kernel(float* x) {}
+"""
+ext = load_inline(name="e", cpp_sources="", cuda_sources=src, functions=["f"])
+'''
+
+
+def test_kernel_names_from_cuda_source():
+    s = screen(CUDA_EXT)
+    assert s.has_inline_ext
+    assert s.kernel_names == ["scale_kernel", "other_kernel"]
+
+
+def test_triton_kernels_found():
+    s = screen("""
+import triton
+import triton.language as tl
+
+@triton.autotune(configs=[], key=["n"])
+@triton.jit
+def add_kernel(x, n, BLOCK: tl.constexpr):
+    pass
+
+@triton.jit()
+def mul_kernel(x):
+    pass
+""")
+    assert s.has_triton and set(s.kernel_names) == {"add_kernel", "mul_kernel"}
+
+
+STRICT_OK = CUDA_EXT + '''
+def helper(x):
+    return ext.f(x)
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return helper(x)
+'''
+
+
+def test_strict_reachability():
+    assert reasons(STRICT_OK, "strict") == []
+    assert reasons(STRICT_OK, "open") == []
+    unreachable = CUDA_EXT + "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
+    assert reasons(unreachable, "strict") == ["no_custom_kernel"]
+    assert reasons(unreachable, "open") == []
+    calls_model = STRICT_OK + "\nclass Model(torch.nn.Module):\n    pass\n\n" \
+        "class ModelNew2(Model):\n    pass\nModelNew = ModelNew2\n"
+    assert "reference_call" in reasons(calls_model, "strict")
+    plain = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    assert reasons(plain, "strict") == ["no_custom_kernel"]
+
+
+def test_strict_triton_reachable():
+    src = """
+import torch
+import triton
+
+@triton.jit
+def k(x):
+    pass
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        k[(1,)](x)
+        return x
+"""
+    assert reasons(src, "strict") == []

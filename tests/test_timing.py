@@ -1,0 +1,193 @@
+"""timing.median_ci on known distributions, and timing.measure with synthetic CPU functions.
+
+The synthetic functions busy-wait on time.perf_counter (more stable than sleep on a loaded 2-core CI box);
+tolerances are generous, and the stable-pair tests take the median of a paired ratio, which a stray
+preemption of one call barely moves.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+import pytest
+import torch
+
+from kernelcraft import timing
+
+CPU = torch.device("cpu")
+
+
+def spin(ms: float) -> None:
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
+
+
+def no_inputs(i):
+    return None, None
+
+
+def no_check(ref_out, cand_out):
+    return None
+
+
+# -- median_ci ------------------------------------------------------------------------------------------
+
+def test_median_ci_small_samples():
+    assert timing.median_ci([2.0]) == (2.0, 2.0, 2.0)
+    assert timing.median_ci([3.0, 1.0]) == (2.0, 1.0, 3.0)
+    med, lo, hi = timing.median_ci([5.0, 1.0, 3.0])
+    assert med == 3.0 and lo <= med <= hi
+
+
+def test_median_ci_constant_values_has_zero_width():
+    med, lo, hi = timing.median_ci([1.5] * 50)
+    assert med == lo == hi == 1.5
+
+
+def test_median_ci_bounds_are_sample_values_and_ordered():
+    rng = random.Random(1)
+    v = [rng.lognormvariate(0, 0.5) for _ in range(101)]
+    med, lo, hi = timing.median_ci(v)
+    assert med == statistics.median(v)
+    assert lo in v and hi in v
+    assert lo <= med <= hi
+
+
+@pytest.mark.parametrize("dist", ["normal", "lognormal", "uniform"])
+def test_median_ci_covers_true_median(dist):
+    """Over many repetitions, the ~95% CI contains the true median about 95% of the time."""
+    rng = random.Random(1234)
+    draw, true_median = {
+        "normal": (lambda: rng.gauss(10.0, 2.0), 10.0),
+        "lognormal": (lambda: rng.lognormvariate(0.0, 1.0), 1.0),  # median e^0
+        "uniform": (lambda: rng.uniform(2.0, 4.0), 3.0),
+    }[dist]
+    reps, covered = 400, 0
+    for _ in range(reps):
+        _, lo, hi = timing.median_ci([draw() for _ in range(61)])
+        covered += lo <= true_median <= hi
+    assert 0.90 <= covered / reps <= 0.995, covered / reps
+
+
+def test_median_ci_narrows_with_n():
+    rng = random.Random(7)
+
+    def mean_width(n: int) -> float:
+        widths = []
+        for _ in range(50):
+            _, lo, hi = timing.median_ci([rng.gauss(0.0, 1.0) for _ in range(n)])
+            widths.append(hi - lo)
+        return statistics.mean(widths)
+
+    w20, w200, w2000 = mean_width(20), mean_width(200), mean_width(2000)
+    assert w20 > w200 > w2000
+    # order statistics: the width shrinks like 1/sqrt(n) (sqrt(10) ~ 3.2 per step)
+    assert 2.0 < w20 / w200 < 5.0
+    assert 2.0 < w200 / w2000 < 5.0
+
+
+# -- measure --------------------------------------------------------------------------------------------
+
+def test_measure_stable_pair_speedup_two():
+    """Reference spins ~2 ms, candidate ~1 ms: speedup ≈ 2, converged within the budget, CI within ±target."""
+    target = 0.02
+    clock = timing.Clock(CPU)
+    t0 = time.perf_counter()
+    res = timing.measure(clock, lambda _: spin(2.0), lambda _: spin(1.0), no_inputs, no_check,
+                         budget_s=6.0, target=target, min_rounds=10, warmup_s=0.05, seed=3)
+    elapsed = time.perf_counter() - t0
+    assert res.converged, res
+    assert abs(res.speedup - 2.0) / 2.0 < 0.15, res
+    lo, hi = res.ci95
+    assert lo <= res.speedup <= hi
+    assert hi / res.speedup - 1 <= target + 1e-12 and 1 - lo / res.speedup <= target + 1e-12, res
+    assert res.samples >= 10 and res.spot_checks == res.samples
+    assert 1.7 < res.ref_ms < 4.0 and 0.85 < res.cand_ms < 3.0, res
+    assert res.method.startswith("cpu")
+    assert elapsed < 6.0 + 2.0
+    rec = res.record()
+    assert "ref_samples" not in rec and rec["speedup"] == res.speedup
+
+
+def test_measure_slower_candidate_has_speedup_below_one():
+    clock = timing.Clock(CPU)
+    res = timing.measure(clock, lambda _: spin(0.5), lambda _: spin(1.5), no_inputs, no_check,
+                         budget_s=3.0, target=0.05, min_rounds=10, warmup_s=0.02, seed=5)
+    assert abs(res.speedup - 1 / 3) / (1 / 3) < 0.2, res
+    assert res.ci95[1] < 1.0
+
+
+def test_measure_noisy_pair_stops_at_budget_unconverged():
+    """A candidate whose time is all over the place never reaches a ±0.1% CI: timing stops at the budget."""
+    rng = random.Random(11)
+    budget = 0.6
+    clock = timing.Clock(CPU)
+    t0 = time.perf_counter()
+    res = timing.measure(clock, lambda _: spin(0.3), lambda _: spin(rng.uniform(0.05, 1.0)),
+                         no_inputs, no_check, budget_s=budget, target=0.001, min_rounds=10, warmup_s=0.02,
+                         batch=10, seed=9)
+    elapsed = time.perf_counter() - t0
+    assert not res.converged, res
+    assert res.samples >= 10
+    # one batch (10 rounds of at most ~1.3 ms) may run past the deadline; allow for a loaded machine
+    assert budget <= elapsed < budget + 2.0, elapsed
+    lo, hi = res.ci95
+    assert lo < hi
+
+
+def test_measure_passes_round_inputs_and_spot_checks_every_round():
+    seen, checks = [], []
+
+    def next_inputs(i):
+        seen.append(i)
+        return ("r", i), ("c", i)
+
+    def check(ref_out, cand_out):
+        assert ref_out[1] == cand_out[1], "both sides of a round get the same round's inputs"
+        checks.append(ref_out)
+
+    clock = timing.Clock(CPU)
+    res = timing.measure(clock, lambda a: a, lambda a: a, next_inputs, check, budget_s=0.2, target=0.5,
+                         min_rounds=10, warmup_s=0.0, batch=10, seed=0)
+    timed = [i for i in seen if i >= 0]
+    assert timed == list(range(res.samples)), "round indices 0..n-1, warm-up calls negative"
+    assert any(i < 0 for i in seen)
+    assert res.spot_checks == res.samples
+    assert len(checks) == res.samples + sum(1 for i in seen if i < 0)
+
+
+def test_measure_spot_check_failure_propagates():
+    class Wrong(Exception):
+        pass
+
+    def check(ref_out, cand_out):
+        if ref_out != cand_out:
+            raise Wrong()
+
+    calls = {"n": 0}
+
+    def cand(_):
+        calls["n"] += 1
+        return 0 if calls["n"] < 8 else 1  # goes stale after a few calls
+
+    with pytest.raises(Wrong):
+        timing.measure(timing.Clock(CPU), lambda _: 0, cand, no_inputs, check, budget_s=1.0, warmup_s=0.0)
+
+
+def test_measure_order_is_randomised_within_rounds():
+    order = []
+    clock = timing.Clock(CPU)
+    timing.measure(clock, lambda _: order.append("r"), lambda _: order.append("c"), no_inputs, no_check,
+                   budget_s=0.1, target=0.5, min_rounds=40, warmup_s=0.0, batch=40, seed=2)
+    # warm-up runs ref then cand; the timed rounds must contain both orders
+    pairs = [tuple(order[i:i + 2]) for i in range(len(order) - 80, len(order), 2)]
+    assert ("r", "c") in pairs and ("c", "r") in pairs
+
+
+def test_clock_cpu_time_call():
+    clock = timing.Clock(CPU)
+    ms, host_ms, out = clock.time_call(lambda: (spin(2.0), 42)[1])
+    assert out == 42
+    assert ms == host_ms and 1.9 < ms < 50
