@@ -1,0 +1,285 @@
+"""Triton elementwise fusion: regions of elementwise FX nodes become one generated Triton kernel each.
+
+Design decisions
+- Runs on a shape-propagated FX graph (in the `rewrite` subprocess). A region is a tree of elementwise
+  nodes whose inner results have no other user; it is fused when it has at least two ops, floating
+  tensors of one dtype, rank <= 4 and scalar constants only. Eager PyTorch runs each op as its own
+  kernel (a full read and write of the tensor each); the fused kernel reads every input once and
+  writes the output once. This is what `torch.compile` does too; the recipe exists for the cases where
+  the compiler is not used (CUDA-graph recipes, or where compile fails) and as a custom kernel of the
+  candidate's own (strict mode).
+- Broadcasting is general: each input is `expand`ed to the output shape on the host and the kernel
+  indexes it through its (possibly zero) strides; inputs that are already contiguous at the output
+  shape (the common case) take a constexpr fast path with no index arithmetic.
+- Arithmetic is done in fp32 and stored in the output dtype; NaNs propagate like PyTorch's (`relu`,
+  `clamp` and friends use `propagate_nan=ALL`).
+- Output is source text (kernel + launcher per region); the graph is modified in place to call the
+  launchers, which `rewrite.render_graph` names in the generated module.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+BLOCK = 1024
+MAX_RANK = 4
+
+
+@dataclass
+class Fused:
+    source: str
+    regions: list[dict] = field(default_factory=list)
+
+
+def _lit(c) -> str:
+    return repr(float(c))
+
+
+def _max(a, b):
+    return f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
+
+def _min(a, b):
+    return f"tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
+
+def _tanh(x):
+    return f"(2.0 * tl.sigmoid(2.0 * ({x})) - 1.0)"
+
+
+def _gelu(x, approximate="none"):
+    if approximate == "tanh":
+        return f"(0.5 * ({x}) * (1.0 + {_tanh(f'0.7978845608028654 * (({x}) + 0.044715 * ({x}) * ({x}) * ({x}))')}))"
+    return f"(0.5 * ({x}) * (1.0 + tl.erf(({x}) * 0.7071067811865476)))"
+
+
+def _lowering(gm, n):
+    """(operands, fn(exprs) -> str) for an elementwise node, else None. Operands: nodes or numbers."""
+    import torch
+
+    F = torch.nn.functional
+    kw = dict(n.kwargs)
+    if n.op == "call_module":
+        mod = gm.get_submodule(n.target)
+        if len(n.args) != 1 or n.kwargs:
+            return None
+        table = {
+            torch.nn.ReLU: lambda e: _max(e[0], "0.0"),
+            torch.nn.Sigmoid: lambda e: f"tl.sigmoid({e[0]})",
+            torch.nn.Tanh: lambda e: _tanh(e[0]),
+            torch.nn.SiLU: lambda e: f"(({e[0]}) * tl.sigmoid({e[0]}))",
+            torch.nn.Hardswish: lambda e: f"(({e[0]}) * {_min(_max(f'({e[0]}) + 3.0', '0.0'), '6.0')} / 6.0)",
+            torch.nn.ReLU6: lambda e: _min(_max(e[0], "0.0"), "6.0"),
+        }
+        if type(mod) in table:
+            return [n.args[0]], table[type(mod)]
+        if isinstance(mod, torch.nn.GELU):
+            return [n.args[0]], lambda e: _gelu(e[0], mod.approximate)
+        if isinstance(mod, torch.nn.LeakyReLU):
+            s = _lit(mod.negative_slope)
+            return [n.args[0]], lambda e: f"tl.where(({e[0]}) > 0.0, {e[0]}, ({e[0]}) * {s})"
+        if isinstance(mod, torch.nn.Hardtanh):
+            lo, hi = _lit(mod.min_val), _lit(mod.max_val)
+            return [n.args[0]], lambda e: _min(_max(e[0], lo), hi)
+        return None
+    if n.op not in ("call_function", "call_method"):
+        return None
+    t, a = n.target, list(n.args)
+    meth = n.op == "call_method"
+    if kw.get("inplace", None) is False:
+        kw.pop("inplace")
+    py_unary = {F.relu: lambda e: _max(e[0], "0.0"), F.relu6: lambda e: _min(_max(e[0], "0.0"), "6.0"),
+                F.silu: lambda e: f"(({e[0]}) * tl.sigmoid({e[0]}))",
+                F.hardswish: lambda e: f"(({e[0]}) * {_min(_max(f'({e[0]}) + 3.0', '0.0'), '6.0')} / 6.0)",
+                F.hardsigmoid: lambda e: _min(_max(f"({e[0]}) / 6.0 + 0.5", "0.0"), "1.0")}
+    if not meth and t in py_unary and len(a) == 1 and not kw:
+        return a, py_unary[t]
+    if not meth and t is F.leaky_relu and len(a) <= 2 and set(kw) <= {"negative_slope"}:
+        s = _lit(kw.get("negative_slope", a[1] if len(a) > 1 else 0.01))
+        return a[:1], lambda e: f"tl.where(({e[0]}) > 0.0, {e[0]}, ({e[0]}) * {s})"
+
+    def is_(fn, name=None):
+        return (not meth and t is fn) or (meth and name is not None and t == name)
+
+    binary = [(operator.add, torch.add, "add", "+"), (operator.sub, torch.sub, "sub", "-"),
+              (operator.mul, torch.mul, "mul", "*"), (operator.truediv, torch.div, "div", "/")]
+    for op_fn, torch_fn, name, sym in binary:
+        if (is_(op_fn) or is_(torch_fn, name)) and len(a) == 2 and not kw:
+            return a, lambda e, s=sym: f"(({e[0]}) {s} ({e[1]}))"
+    unary = [(torch.relu, "relu", lambda e: _max(e[0], "0.0")),
+             (torch.sigmoid, "sigmoid", lambda e: f"tl.sigmoid({e[0]})"),
+             (torch.tanh, "tanh", lambda e: _tanh(e[0])),
+             (torch.exp, "exp", lambda e: f"tl.exp({e[0]})"),
+             (torch.abs, "abs", lambda e: f"tl.abs({e[0]})"),
+             (torch.sqrt, "sqrt", lambda e: f"tl.sqrt({e[0]})"),
+             (torch.rsqrt, "rsqrt", lambda e: f"tl.rsqrt({e[0]})"),
+             (torch.square, "square", lambda e: f"(({e[0]}) * ({e[0]}))"),
+             (operator.neg, "neg", lambda e: f"(-({e[0]}))"),
+             (torch.neg, None, lambda e: f"(-({e[0]}))"),
+             (torch._C._nn.silu, None, lambda e: f"(({e[0]}) * tl.sigmoid({e[0]}))"),
+             (torch._C._nn.hardswish, None,
+              lambda e: f"(({e[0]}) * {_min(_max(f'({e[0]}) + 3.0', '0.0'), '6.0')} / 6.0)")]
+    for fn, name, low in unary:
+        if (is_(fn, name)) and len(a) == 1 and not kw:
+            return a, low
+    if is_(torch._C._nn.gelu) or is_(F.gelu):
+        approx = kw.pop("approximate", a[1] if len(a) > 1 else "none")
+        if kw or approx not in ("none", "tanh"):
+            return None
+        return a[:1], lambda e: _gelu(e[0], approx)
+    if is_(torch.clamp, "clamp") or is_(torch.clip, "clip"):
+        lo = kw.pop("min", a[1] if len(a) > 1 else None)
+        hi = kw.pop("max", a[2] if len(a) > 2 else None)
+        if kw or not all(v is None or (isinstance(v, (int, float)) and math.isfinite(v)) for v in (lo, hi)):
+            return None
+
+        def clamp(e, lo=lo, hi=hi):
+            x = e[0]
+            x = _max(x, _lit(lo)) if lo is not None else x
+            return _min(x, _lit(hi)) if hi is not None else x
+        return a[:1], clamp
+    if (is_(torch.maximum, "maximum") or is_(torch.minimum, "minimum")) and len(a) == 2 and not kw:
+        f = _max if t in (torch.maximum, "maximum") else _min
+        return a, lambda e, f=f: f(e[0], e[1])
+    if is_(torch._C._nn.leaky_relu) and not kw:
+        s = _lit(a[1] if len(a) > 1 else 0.01)
+        return a[:1], lambda e: f"tl.where(({e[0]}) > 0.0, {e[0]}, ({e[0]}) * {s})"
+    return None
+
+
+def _tensor_meta(n):
+    tm = n.meta.get("tensor_meta") if hasattr(n, "meta") else None
+    return tm if tm is not None and hasattr(tm, "shape") else None
+
+
+def _eligible(gm, n):
+    import torch
+
+    tm = _tensor_meta(n)
+    if tm is None or tm.dtype not in (torch.float32, torch.float16, torch.bfloat16) or len(tm.shape) > MAX_RANK:
+        return None
+    low = _lowering(gm, n)
+    if low is None:
+        return None
+    for o in low[0]:
+        if hasattr(o, "op"):
+            otm = _tensor_meta(o)
+            if otm is None or otm.dtype != tm.dtype:
+                return None
+        elif not (isinstance(o, (int, float)) and not isinstance(o, bool) and math.isfinite(o)):
+            return None
+    return low
+
+
+def fuse(gm) -> Fused | None:
+    """Replace each fusible elementwise region of gm.graph by a call to a generated Triton launcher."""
+    g = gm.graph
+    low = {n: _eligible(gm, n) for n in g.nodes}
+    low = {n: v for n, v in low.items() if v is not None}
+    region_of: dict = {}
+    regions: list[list] = []
+    for n in g.nodes:  # topological order
+        if n not in low:
+            continue
+        members = [n]
+        for o in low[n][0]:
+            if hasattr(o, "op") and o in region_of and len(o.users) == 1:
+                members = regions[region_of[o]] + members
+                regions[region_of[o]] = []
+        for m in members:
+            region_of[m] = len(regions)
+        regions.append(members)
+    regions = [r for r in regions if len(r) >= 2]
+    if not regions:
+        return None
+    sources, info = [], []
+    for idx, members in enumerate(regions):
+        src, launcher, inputs = _emit(idx, members, low)
+        sources.append(src)
+        out = members[-1]
+        with g.inserting_before(out):
+            call = g.call_function(launcher, tuple(inputs))
+        call.meta["tensor_meta"] = out.meta.get("tensor_meta")
+        out.replace_all_uses_with(call)
+        for m in reversed(members):
+            g.erase_node(m)
+        info.append({"name": launcher.__name__, "ops": len(members), "inputs": len(inputs)})
+    g.lint()
+    gm.recompile()
+    header = "import triton\nimport triton.language as tl\n"
+    return Fused(source=header + "\n\n".join(sources), regions=info)
+
+
+def _emit(idx: int, members: list, low: dict):
+    name = f"_kc_ew{idx}"
+    inside = set(members)
+    inputs, exprs, body = [], {}, []
+    for m in members:
+        operands, fn = low[m]
+        args = []
+        for o in operands:
+            if not hasattr(o, "op"):
+                args.append(_lit(o))
+            elif o in inside:
+                args.append(exprs[o])
+            else:
+                if o not in inputs:
+                    inputs.append(o)
+                args.append(f"x{inputs.index(o)}")
+        var = f"v{len(body)}"
+        body.append(f"    {var} = {fn(args)}")
+        exprs[m] = var
+    k = len(inputs)
+    ptrs = ", ".join(f"p{i}" for i in range(k))
+    strides = ", ".join(f"s{i}_{d}" for i in range(k) for d in range(MAX_RANK))
+    contig = ", ".join(f"C{i}: tl.constexpr" for i in range(k))
+    lines = [
+        "@triton.jit",
+        f"def {name}_kernel(out_ptr, {ptrs}, n, d1, d2, d3, {strides}, {contig}, BLOCK: tl.constexpr):",
+        "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
+        "    mask = offs < n",
+        "    i3 = offs % d3",
+        "    r = offs // d3",
+        "    i2 = r % d2",
+        "    r = r // d2",
+        "    i1 = r % d1",
+        "    i0 = r // d1",
+    ]
+    for i in range(k):
+        idx_expr = " + ".join(f"i{d} * s{i}_{d}" for d in range(MAX_RANK))
+        lines += [f"    if C{i}:",
+                  f"        x{i} = tl.load(p{i} + offs, mask=mask, other=0.0).to(tl.float32)",
+                  "    else:",
+                  f"        x{i} = tl.load(p{i} + ({idx_expr}), mask=mask, other=0.0).to(tl.float32)"]
+    lines += body
+    lines.append(f"    tl.store(out_ptr + offs, {exprs[members[-1]]}.to(out_ptr.dtype.element_ty), mask=mask)")
+    args = ", ".join(f"a{i}" for i in range(k))
+    lines += [
+        "",
+        "",
+        f"def {name}({args}):",
+        f"    ins = ({args}{',' if k == 1 else ''})",
+        "    shape = torch.broadcast_shapes(*(t.shape for t in ins))",
+        "    out = torch.empty(shape, dtype=a0.dtype, device=a0.device)",
+        "    n = out.numel()",
+        "    if n == 0:",
+        "        return out",
+        f"    dims = [1] * ({MAX_RANK} - len(shape)) + list(shape)",
+        "    strides, contig = [], []",
+        "    for t in ins:",
+        "        e = t.expand(shape)",
+        f"        strides += [0] * ({MAX_RANK} - len(shape)) + list(e.stride())",
+        "        contig.append(tuple(t.shape) == tuple(shape) and t.is_contiguous())",
+        f"    {name}_kernel[(triton.cdiv(n, {BLOCK}),)](out, *ins, n, dims[1], dims[2], dims[3], *strides, *contig,",
+        f"        BLOCK={BLOCK}, num_warps=4)",
+        "    return out",
+    ]
+
+    def launcher(*a):  # placeholder object: the graph calls it by name, the generated module defines it
+        raise RuntimeError("generated launcher placeholder")
+
+    launcher.__name__ = launcher.__qualname__ = name
+    launcher.__module__ = "kernelcraft_generated"
+    launcher._kc_generated = True
+    return "\n".join(lines), launcher, inputs

@@ -1,0 +1,135 @@
+"""The optimisation loop end to end on CPU: recipes find the diag-matmul rewrite (>= 5x) and a verified
+conv speedup; best.py is only ever a verified-faster candidate; the CLI's --json contract."""
+from __future__ import annotations
+
+import json
+import fcntl
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelcraft.cli import app
+from kernelcraft.optimize import Options, RunInUse, optimize
+from kernelcraft.policies import Proposal
+from kernelcraft.rundb import RunDB
+
+from conftest import FIXTURES
+
+DIAG = FIXTURES / "tasks" / "diag_matmul_1024.py"
+NO_COMPILE = {"skip": ["compile"]}  # torch.compile on 2 CPU cores costs minutes; covered on the GPU
+
+
+@pytest.fixture(scope="module")
+def diag_run(tmp_path_factory, cache_dir):
+    out = tmp_path_factory.mktemp("diag-run")
+    events = []
+    res = optimize(DIAG, out, Options(device="cpu", budget=4, confirm=1, policy_options=NO_COMPILE),
+                   on_event=lambda kind, **d: events.append((kind, d)))
+    return out, res, events
+
+
+def test_recipes_find_the_diag_rewrite(diag_run):
+    out, res, events = diag_run
+    assert res.status == "improved", res
+    assert res.best_speedup >= 5.0, res
+    assert res.confirmed and res.best_ci95[0] > 1.0
+    best = (out / "best.py").read_text()
+    assert "unsqueeze" in best and "class ModelNew(Model)" in best
+    db = RunDB(out)
+    row = db.get(res.best_candidate)
+    assert row.source == best and row.status == "correct" and row.faster_than(res.bar)  # byte-identical to what was verified
+    assert db.confirmations()[row.id]["status"] == "correct"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best_speedup"] == res.best_speedup and summary["status"] == "improved"
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "start" and kinds[-1] == "done" and "verdict" in kinds and "confirm" in kinds
+    assert res.stopped == "exhausted"  # without compile, the rewrite is the only recipe on this task
+
+
+def test_rerun_is_a_noop_and_json_is_the_last_line(diag_run, cache_dir):
+    out, res, _ = diag_run
+    r = CliRunner().invoke(app, ["optimize", str(DIAG), "--device", "cpu", "--budget", "4", "--confirm", "1",
+                                 "--skip", "compile", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout.strip().splitlines()[-1])
+    for key in ("task", "status", "best_path", "best_speedup", "candidates", "run_dir"):
+        assert key in rec
+    assert rec["candidates"] == res.candidates and rec["best_speedup"] == res.best_speedup
+    assert rec["best_path"].endswith("best.py") and rec["status"] == "improved"
+
+
+def test_verified_speedup_on_a_tiny_conv_task(tmp_path, cache_dir):
+    res = optimize("tiny/level3/small_cnn", tmp_path, Options(device="cpu", budget=4, confirm=1, eval_time_s=2.0,
+                                                              policy_options=NO_COMPILE))
+    assert res.status == "improved", res
+    assert res.best_speedup > 1.0 and res.best_ci95[0] > 1.0 and res.confirmed
+    assert any("channels_last" in t for t in res.best_techniques), res.best_techniques
+
+
+class _Scripted:
+    """A policy that proposes given sources once (a stand-in for a model)."""
+    name = "scripted"
+
+    def __init__(self, sources):
+        self.sources = list(sources)
+
+    def propose(self, ctx):
+        out, self.sources = [Proposal(s, meta={"note": "scripted"}) for s in self.sources[:ctx.k]], self.sources[ctx.k:]
+        return out
+
+
+SAME = ("import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n"
+        "    def forward(self, A, B):\n        return torch.diag(A) @ B\n")
+SLOWER = SAME.replace("return torch.diag(A) @ B", "torch.diag(A) @ B\n        return torch.diag(A) @ B")
+BROKEN = SAME.replace("return torch.diag(A) @ B", "raise RuntimeError('boom')")
+
+
+def test_reference_is_never_passed_off(tmp_path, cache_dir):
+    res = optimize(DIAG, tmp_path, Options(device="cpu", budget=3, confirm=1),
+                   policy=_Scripted([SAME, SLOWER, BROKEN]))
+    assert res.status == "no_improvement", res
+    assert res.best_path is None and res.best_speedup is None and not (tmp_path / "best.py").exists()
+    assert (res.correct, res.failed, res.candidates) == (2, 1, 3)
+    rows = RunDB(tmp_path).rows()
+    assert [r.status for r in rows] == ["correct", "correct", "runtime_error"]
+    assert "boom" in rows[2].message
+    control = RunDB(tmp_path).get_meta("null_control")
+    assert control["status"] == "correct" and res.null_control_speedup == control["speedup"]
+
+
+def test_null_control_raises_the_bar_only_for_a_real_bias(tmp_path, monkeypatch):
+    """A harness that favours candidates (the reference timed against itself comes out 1.3x, CI above 1)
+    must not turn a 1.2x candidate into a win; a noisy control (CI around 1) changes nothing."""
+    from kernelcraft import optimize as opt
+
+    def fake(self, source, seed, budget):
+        if "null control" in source:
+            return {"status": "correct", "speedup": self.fake_control[0],
+                    "timing": {"speedup": self.fake_control[0], "ci95": self.fake_control[1]}}
+        return {"status": "correct", "speedup": 1.2, "timing": {"speedup": 1.2, "ci95": [1.15, 1.25]}}
+
+    monkeypatch.setattr(opt._Run, "_evaluate", fake)
+    for control, status in (((1.3, [1.25, 1.35]), "no_improvement"), ((1.3, [0.9, 2.0]), "improved")):
+        monkeypatch.setattr(opt._Run, "fake_control", control, raising=False)
+        out = tmp_path / str(control[1][0])
+        res = optimize("tiny/level1/diag_matmul", out, Options(device="cpu", budget=1, confirm=1),
+                       policy=_Scripted([SAME.replace("@ B", "@ B + 0")]))
+        assert res.status == status, res
+        assert res.bar == (1.3 if status == "no_improvement" else 1.0)
+
+
+def test_run_dir_guards(tmp_path, cache_dir):
+    (tmp_path / "run.lock").touch()
+    with open(tmp_path / "run.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(RunInUse):
+            optimize("tiny/level1/diag_matmul", tmp_path, Options(device="cpu", budget=1), policy=_Scripted([]))
+    optimize("tiny/level1/diag_matmul", tmp_path, Options(device="cpu", budget=1), policy=_Scripted([]))
+    with pytest.raises(ValueError, match="another task"):
+        optimize("tiny/level1/relu", tmp_path, Options(device="cpu", budget=1), policy=_Scripted([]))
+    r = CliRunner().invoke(app, ["optimize", "tiny/level1/relu", "--device", "cpu", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "holds a run of" in r.output
+    r = CliRunner().invoke(app, ["optimize", "tiny/level1/nope", "--device", "cpu", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2
+    r = CliRunner().invoke(app, ["optimize", "tiny/level1/relu", "--policy", "bogus", "--out", str(tmp_path / "y")])
+    assert r.exit_code == 2 and "unknown policy" in " ".join(r.output.split())

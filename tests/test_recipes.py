@@ -1,0 +1,254 @@
+"""Recipes: FX rewrites found and rendered to correct standalone source; the search policy's choices."""
+from __future__ import annotations
+
+import ast
+import itertools
+import os
+import random
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from kernelcraft import rewrite, wrappers
+from kernelcraft.exemplars import Exemplar
+from kernelcraft.policies import Context, make_policy
+from kernelcraft.prompt import DeviceInfo
+from kernelcraft.recipes import RecipesPolicy
+from kernelcraft.rundb import Row
+from kernelcraft.task import load_task
+
+from conftest import FIXTURES
+
+ALGEBRA = FIXTURES / "tasks" / "algebra_mix.py"
+DIAG = FIXTURES / "tasks" / "diag_matmul_1024.py"
+CPU = DeviceInfo("cpu", "test cpu", cores=2)
+GPU = DeviceInfo("cuda", "NVIDIA H100", 132, 79.0, "9.0")
+
+
+@pytest.fixture(scope="module")
+def analyses():
+    tasks = {"algebra": load_task(ALGEBRA), "diag": load_task(DIAG), "matmul_sum": load_task("tiny/level2/matmul_sum"),
+             "conv": load_task("tiny/level2/conv2d_relu_bias")}
+    return {k: (t, rewrite.analyze(t.source)) for k, t in tasks.items()}
+
+
+def _module(source: str, name: str):
+    mod = types.ModuleType(name)
+    exec(compile(source, name, "exec"), mod.__dict__)
+    return mod
+
+
+def _same_as_reference(task, source) -> bool:
+    ref, cand = _module(task.source, "ref"), _module(source, "cand")
+    torch.manual_seed(0)
+    init = ref.get_init_inputs()
+    torch.manual_seed(1)
+    m_ref = ref.Model(*init)
+    torch.manual_seed(1)
+    m_new = cand.ModelNew(*init)
+    for seed in (2, 3):
+        torch.manual_seed(seed)
+        inputs = ref.get_inputs()
+        with torch.no_grad():
+            want = m_ref(*[i.clone() for i in inputs])
+            got = m_new(*[i.clone() for i in inputs])
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(want.pow(2).mean().sqrt()))):
+            return False
+    return True
+
+
+def test_rules_found(analyses):
+    assert analyses["diag"][1].rules == ["diag_matmul"]
+    assert analyses["matmul_sum"][1].rules == ["reduce_linear"]
+    assert set(analyses["algebra"][1].rules) == {"fold_scalars", "dead_code", "inplace"}
+    assert analyses["conv"][1].features["conv"] and analyses["conv"][1].features["conv2d"]
+    assert not analyses["diag"][1].features["conv"]
+
+
+def test_rewritten_code_is_the_algebraic_rewrite(analyses):
+    code = analyses["diag"][1].variant(["diag_matmul"])["code"]
+    assert "unsqueeze" in code and "diag" not in code and "@" not in code and "matmul" not in code
+    algebra = analyses["algebra"][1].variant(["fold_scalars", "dead_code"])["code"]
+    assert "* 1.5" in algebra and "+ 0.5" in algebra  # a*2*3/4 + 1 - 0.5 folded to one multiply-add
+    assert "softmax" not in algebra  # unused result removed
+    assert algebra.count("self.linear(") == 1  # recomputed linear removed
+    assert ".add_(" in analyses["algebra"][1].variant(["inplace"])["code"]
+
+
+def test_every_cpu_recipe_renders_correct_source(analyses):
+    checked = 0
+    for key, (task, a) in analyses.items():
+        extras = [[], ["channels_last"]] if a.features.get("conv2d") else [[]]
+        for r in range(len(a.rules) + 1):
+            for rules in itertools.combinations(a.rules, r):
+                for extra in extras:
+                    recipe = [f"rewrite:{x}" for x in rules] + extra
+                    if not recipe:
+                        continue
+                    src = wrappers.render(task.source, recipe, a)
+                    assert "get_inputs" not in src and "class ModelNew(Model)" in src
+                    assert _same_as_reference(task, src), (key, recipe)
+                    checked += 1
+    assert checked >= 12
+
+
+def test_gpu_and_compile_recipes_render_valid_source(analyses):
+    task, a = analyses["conv"]
+    for recipe, needles in [
+        (["cudagraph"], ["torch.cuda.CUDAGraph()", "_kc_clone(self.static_out)", "wait_stream"]),
+        (["compile:reduce-overhead"], ["mode='reduce-overhead'", "cudagraph_mark_step_begin"]),
+        (["compile:max-autotune", "channels_last"], ["mode='max-autotune'", "memory_format=torch.channels_last"]),
+        (["cudnn_benchmark"], ["torch.backends.cudnn.benchmark = True", "finally:", "_kc_saved"]),
+        (["bf16", "rewrite:inplace"], ["torch.autocast", "torch.bfloat16", ".to(torch.float32)"]),
+        (["triton", "cudagraph"], ["@triton.jit", "_kc_ew0_kernel[", "_KcCudaGraph(self._kc_inner)"]),
+    ]:
+        src = wrappers.render(task.source, recipe, a, output_dtypes=a.features.get("output_dtypes"))
+        tree = ast.parse(src)
+        assert any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body)
+        for needle in needles:
+            assert needle in src, (recipe, needle)
+    # without triton installed the module still cannot be imported, but every other recipe imports on CPU
+    mod = _module(wrappers.render(task.source, ["cudagraph", "cudnn_benchmark"], a), "gpu_cand")
+    assert "x" in str(__import__("inspect").signature(mod.ModelNew.forward))
+
+
+def test_signature_is_preserved_with_defaults():
+    src = ("import torch\nclass Model(torch.nn.Module):\n    def __init__(self, k: int = 2):\n        super().__init__()\n"
+           "    def forward(self, x, scale=1.0, *rest, flag=False, **kw):\n        return x * scale\n"
+           "def get_inputs():\n    return [torch.randn(3)]\ndef get_init_inputs():\n    return []\n")
+    out = wrappers.render(src, ["compile:default"])
+    mod = _module(out, "sig")
+    import inspect
+    assert str(inspect.signature(mod.ModelNew.forward)) == "(self, x, scale=1.0, *rest, flag=False, **kw)"
+    assert "self._kc_run(x, scale, *rest, flag=flag, **kw)" in out
+
+
+def test_untraceable_reference_still_gets_wrappers():
+    a = rewrite.analyze(load_task("tiny/level3/gru_cell_loop").source)
+    assert not a.traced and a.rules == [] and "symbolic_trace failed" in a.error
+    task = load_task("tiny/level3/gru_cell_loop")
+    assert "Model.forward(self, x)" in wrappers.render(task.source, ["compile:default"], a)
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("triton") is None, reason="triton not installed")
+def test_triton_fusion_is_correct_in_the_interpreter(analyses, tmp_path):
+    task, a = analyses["algebra"]
+    src = wrappers.render(task.source, ["triton", "rewrite:fold_scalars", "rewrite:dead_code"], a)
+    (tmp_path / "cand.py").write_text(src)
+    (tmp_path / "ref.py").write_text(task.source)
+    check = (f"import sys; sys.path.insert(0, {str(os.path.dirname(__file__))!r})\n"
+             "import test_recipes as t, pathlib\n"
+             f"d = pathlib.Path({str(tmp_path)!r})\n"
+             "task = type('T', (), {'source': (d / 'ref.py').read_text()})\n"
+             "assert t._same_as_reference(task, (d / 'cand.py').read_text())\n")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# ---- the search policy ---------------------------------------------------------------------------------
+
+def _row(i, recipe, status="correct", speedup=None, lo=None):
+    ok = status == "correct"
+    return Row(id=i, round=1, policy="recipes", source=f"# {i}", sha256=None, state="done", status=status,
+               speedup=speedup if ok else None, ci_low=(lo if lo is not None else speedup * 0.95) if ok else None,
+               ci_high=speedup * 1.05 if ok else None, meta={"recipe": sorted(recipe)})
+
+
+def _ctx(task, device, history, k=4, allow=False, seed=0):
+    rng = random.Random(seed)
+    items = [Exemplar(r.id, r.source, r.speedup, [], r.meta) for r in history if r.correct]
+
+    def sample():
+        from kernelcraft.exemplars import contrastive
+        return contrastive(items, rng, n=2, tau=1.0)
+
+    return Context(task=task, device=device, round=len(history) + 1, k=k, history=history, failures=[],
+                   sample_exemplars=sample, rng=rng, allow_precision_change=allow)
+
+
+def test_first_round_seeds_baselines_and_the_best_prior(analyses):
+    task, a = analyses["diag"]
+    pol = RecipesPolicy(analysis=a)
+    props = pol.propose(_ctx(task, GPU, [], k=4))
+    recipes = [tuple(p.meta["recipe"]) for p in props]
+    assert len(props) == 4 and all(len(r) == 1 for r in recipes)
+    assert {("rewrite:diag_matmul",), ("compile:default",), ("cudagraph",)} <= set(recipes)
+    assert all(p.meta["operator"] == "seed" and "class ModelNew" in p.source for p in props)
+    cpu = [tuple(p.meta["recipe"]) for p in pol.propose(_ctx(task, CPU, [], k=8))]
+    assert not any(t in ("cudagraph", "compile:reduce-overhead", "triton") for r in cpu for t in r)
+    assert ("rewrite:diag_matmul",) == cpu[0]
+
+
+def test_mutations_follow_the_exemplars_and_avoid_failed_tokens(analyses):
+    task, a = analyses["diag"]
+    pol = RecipesPolicy(analysis=a)
+    history = [_row(1, ["rewrite:diag_matmul"], speedup=60.0), _row(2, ["compile:default"], speedup=1.3),
+               _row(3, ["cudagraph"], status="runtime_error"), _row(4, ["compile:reduce-overhead"], speedup=1.5)]
+    props = pol.propose(_ctx(task, GPU, history, k=4))
+    assert props
+    tried = {frozenset(r.meta["recipe"]) for r in history}
+    for p in props:
+        rec = frozenset(p.meta["recipe"])
+        assert rec not in tried and "cudagraph" not in rec  # never the banned token, never a repeat
+        assert p.meta["operator"] in ("extend", "combine", "swap", "ablate", "explore")
+    # the best exemplar (the rewrite) is built upon: its children carry it and name it as parent
+    assert sum("rewrite:diag_matmul" in p.meta["recipe"] for p in props) >= 3
+    assert any(1 in p.parents for p in props)
+
+
+def test_exhaustion_and_precision_and_skip(analyses):
+    task, a = analyses["diag"]
+    pol = RecipesPolicy(analysis=a)
+    assert "bf16" not in pol.tokens(_ctx(task, GPU, []))
+    assert "bf16" in pol.tokens(_ctx(task, GPU, [], allow=True))
+    skip = RecipesPolicy(analysis=a, skip="compile,cudagraph")
+    assert skip.tokens(_ctx(task, GPU, [])) == ["rewrite:diag_matmul"]
+    # CPU, no compile: the only recipe is the rewrite; once tried, nothing is left
+    only = RecipesPolicy(analysis=a, skip=["compile"])
+    first = only.propose(_ctx(task, CPU, []))
+    assert [p.meta["recipe"] for p in first] == [["rewrite:diag_matmul"]]
+    assert only.propose(_ctx(task, CPU, [_row(1, ["rewrite:diag_matmul"], speedup=50.0)])) == []
+    assert not pol.valid(frozenset(["compile:default", "cudagraph"]), _ctx(task, GPU, []))
+    assert not pol.valid(frozenset(["compile:default", "compile:max-autotune"]), _ctx(task, GPU, []))
+
+
+def test_unreproduced_speedup_does_not_ban_a_token(analyses):
+    task, a = analyses["diag"]
+    pol = RecipesPolicy(analysis=a)
+    flaky = _row(1, ["rewrite:diag_matmul"], status="rejected")
+    flaky.reasons = ["suspicious_speedup"]
+    broken = _row(2, ["cudagraph"], status="runtime_error")
+    props = pol.propose(_ctx(task, GPU, [flaky, broken, _row(3, ["compile:default"], speedup=1.2)], k=6))
+    recipes = [set(p.meta["recipe"]) for p in props]
+    assert any("rewrite:diag_matmul" in r for r in recipes)  # still combined with others
+    assert not any("cudagraph" in r for r in recipes)  # a real failure still bans
+
+
+def test_recipes_refuse_strict_mode(analyses):
+    from kernelcraft.policies import PolicyError
+    task, a = analyses["diag"]
+    ctx = _ctx(task, GPU, [])
+    ctx.mode = "strict"
+    with pytest.raises(PolicyError, match="strict"):
+        RecipesPolicy(analysis=a).propose(ctx)
+
+
+def test_generated_candidates_pass_the_static_screen(analyses):
+    from kernelcraft.screen import screen
+    task, a = analyses["conv"]
+    for recipe in (["cudagraph"], ["triton"], ["compile:reduce-overhead"], ["channels_last", "cudnn_benchmark"],
+                   ["bf16"], ["rewrite:inplace", "compile:default"]):
+        src = wrappers.render(task.source, recipe, a, output_dtypes=a.features.get("output_dtypes"))
+        assert screen(src, "open").findings == [], recipe
+
+
+def test_policy_registry():
+    assert isinstance(make_policy("recipes"), RecipesPolicy)
+    from kernelcraft.policies import PolicyError
+    for bad in ("nope", "openai", "recipes:x"):
+        with pytest.raises(PolicyError):
+            make_policy(bad)
