@@ -45,6 +45,7 @@ REASONS = {
     "forbidden_construct": "the candidate uses a construct the harness forbids",
     "suspicious_speedup": "the speedup did not reproduce in a fresh worker",
     "harness_error": "* kernelcraft itself failed (a bug: please report it)",
+    "task_error": "* the reference task itself failed (import, get_inputs or forward)",
 }
 
 
