@@ -131,9 +131,23 @@ def _bwrap_flags(work_dir: Path, writable: list[Path]) -> list[str]:
             flags += ["--tmpfs", str(p)]
         elif p.exists():
             flags += ["--ro-bind", "/dev/null", str(p)]
+    # the interpreter and the packages it imports stay visible even where they live under /tmp or /run
+    # (a virtual environment there): read-only, after the tmpfs mounts that would hide them
+    for p in _interpreter_paths():
+        if p.is_relative_to("/tmp") or p.is_relative_to("/run"):
+            flags += ["--ro-bind", str(p), str(p)]
     for p in writable:  # after the tmpfs mounts, so a cache under /tmp stays reachable
         flags += ["--bind", str(p), str(p)]
     return flags + ["--chdir", str(work_dir), "--"]
+
+
+def _interpreter_paths() -> list[Path]:
+    import kernelcraft
+
+    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
+             Path(kernelcraft.__file__).resolve().parent.parent}
+    paths.update(Path(p) for p in sys.path if p and Path(p).is_dir())
+    return sorted(p.resolve() for p in paths if p.exists())
 
 
 def prepare(argv: list[str], env: dict, *, work_dir, cache_dir, mode: str | None = None) -> tuple[list, dict]:

@@ -53,7 +53,7 @@ def test_list_for_tensor_is_non_tensor_output():
     fails(r, [r.clone()], "non_tensor_output")
     fails(r, (r.clone(),), "non_tensor_output")
     fails((r,), r.clone(), "non_tensor_output")
-    fails(r, r.numpy().copy(), "non_tensor_output")
+    fails(r, r.tolist(), "non_tensor_output")
     fails(r, None, "non_tensor_output")
 
 
