@@ -11,6 +11,7 @@ Design decisions
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -172,11 +173,8 @@ def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, t
                        wall_s=time.perf_counter() - t0, env=_env(None))
 
     root = runner.cache_root(cache_dir)
-    (root / "work").mkdir(exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="eval-", dir=root / "work"))
-    try:
-        (work / "reference.py").write_text(task.source)
-        (work / "candidate.py").write_text(cand.source)
+    with _work_dir(root, "eval-", {"reference.py": task.source, "candidate.py": cand.source},
+                   keep=keep_workdir) as work:
         job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"),
                    device=dev, trials=trials, atol=atol, rtol=rtol, seed=seed, mode=mode,
                    timing=timing, cache_dir=str(root), kernel_names=scr.kernel_names,
@@ -188,11 +186,22 @@ def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, t
         verdict = _assemble(base, out, timeout_s, build_timeout_s)
         if screen:
             verdict.guards = ["screen"] + verdict.guards
-    finally:
-        if not keep_workdir:
-            shutil.rmtree(work, ignore_errors=True)
     verdict.wall_s = time.perf_counter() - t0
     return verdict
+
+
+@contextlib.contextmanager
+def _work_dir(root: Path, prefix: str, files: dict[str, str], keep: bool = False):
+    """A fresh directory under ROOT/work holding `files`, removed afterwards unless `keep`."""
+    (root / "work").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=root / "work"))
+    try:
+        for name, text in files.items():
+            (work / name).write_text(text)
+        yield work
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _assemble(base: dict, out: runner.WorkerOutcome, timeout_s: float, build_timeout_s: float) -> Verdict:
@@ -245,15 +254,10 @@ def check_task(task: "str | Path | Task", *, device: str | None = None, seed: in
     task = load_task(task)
     dev, visible = _resolve_device(device)
     root = runner.cache_root(cache_dir)
-    (root / "work").mkdir(exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="probe-", dir=root / "work"))
-    try:
-        (work / "reference.py").write_text(task.source)
+    with _work_dir(root, "probe-", {"reference.py": task.source}) as work:
         job = dict(task_path=str(work / "reference.py"), candidate_path="", device=dev, seed=seed,
                    probe=True, cache_dir=str(root), trials=1)
         out = runner.run_worker(job, work, root, visible, timeout_s, timeout_s)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     res = out.result
     if res is None:
         why = "timed out" if out.timed_out else runner.describe_death(out)
@@ -279,15 +283,10 @@ def prebuild(candidate: "str | Path | Candidate", *, arch: str | None = None, ti
     if problem:
         return Verdict(**base, status="compile_error", reasons=[problem[0]], message=problem[1], env=_env(None))
     root = runner.cache_root(cache_dir)
-    (root / "work").mkdir(exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=root / "work"))
-    try:
-        (work / "candidate.py").write_text(cand.source)
+    with _work_dir(root, "build-", {"candidate.py": cand.source}) as work:
         job = dict(task_path="", candidate_path=str(work / "candidate.py"), device="cpu", seed=0, trials=1,
                    build_only=True, cache_dir=str(root), arch=arch)
         out = runner.run_worker(job, work, root, None, timeout_s, timeout_s)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     if out.result is not None and out.result.get("status") == "correct":
         return None
     verdict = _assemble(base, out, timeout_s, timeout_s)

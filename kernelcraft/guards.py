@@ -248,12 +248,11 @@ class ProcessState:
     @contextlib.contextmanager
     def reference_context(self):
         """Run the reference with the snapshot's cudnn.benchmark, whatever the candidate chose."""
-        cand = torch.backends.cudnn.benchmark
-        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        self.enter_reference()
         try:
             yield
         finally:
-            torch.backends.cudnn.benchmark = cand
+            self.leave_reference()
 
 
 def poison_free_memory(device: torch.device) -> None:
