@@ -100,15 +100,29 @@ def compare_outputs(ref, cand, atol: float | None = None, rtol: float | None = N
     return res
 
 
+def resolve_tolerance(dtype: torch.dtype, atol, rtol) -> tuple[float, float]:
+    """(atol, rtol) for this dtype: the given values, or the dtype's default for those left None."""
+    tol = default_tolerance(dtype)
+    return (tol if atol is None else atol), (tol if rtol is None else rtol)
+
+
+def rms_scale(values: torch.Tensor) -> float:
+    """atol is relative to the reference's RMS where that exceeds 1 (finite float64 values)."""
+    return max(1.0, float(values.pow(2).mean().sqrt())) if values.numel() else 1.0
+
+
+def within_tolerance(r64: torch.Tensor, c64: torch.Tensor, atol: float, rtol: float, scale: float) -> torch.Tensor:
+    """The one elementwise bound every comparison uses: |c - r| <= atol * scale + rtol * |r|."""
+    return (c64 - r64).abs() <= atol * scale + rtol * r64.abs()
+
+
 def _compare_values(res: Comparison, r: torch.Tensor, c: torch.Tensor, atol, rtol, where: str) -> None:
     if not (r.dtype.is_floating_point or r.dtype.is_complex):
         if not torch.equal(r, c):
             n = int((r != c).sum())
             res.fail("value_mismatch", f"{where}{n} of {r.numel()} elements differ")
         return
-    tol = default_tolerance(r.dtype)
-    a = tol if atol is None else atol
-    rt = tol if rtol is None else rtol
+    a, rt = resolve_tolerance(r.dtype, atol, rtol)
     res.atol, res.rtol = a, rt
     r64, c64 = r.detach().double(), c.detach().double()
     r_fin, c_fin = torch.isfinite(r64), torch.isfinite(c64)
@@ -124,12 +138,11 @@ def _compare_values(res: Comparison, r: torch.Tensor, c: torch.Tensor, atol, rto
     if not bool(both.any()):
         return
     rv, cv = r64[both], c64[both]
-    scale = max(1.0, float(rv.pow(2).mean().sqrt()))
+    scale = rms_scale(rv)
     diff = (cv - rv).abs()
-    bound = a * scale + rt * rv.abs()
     res.max_abs_err = max(res.max_abs_err, float(diff.max()))
     res.max_rel_err = max(res.max_rel_err, float((diff / rv.abs().clamp_min(a * scale)).max()))
-    over = diff > bound
+    over = ~within_tolerance(rv, cv, a, rt, scale)
     if bool(over.any()):
         n = int(over.sum())
         res.fail("value_mismatch",

@@ -85,17 +85,22 @@ def evaluate(
     runtime_guards: bool = True,
     remeasure_above: float | None = 3.0,
     best_known_speedup: float | None = None,
+    lock_scope: str = "timing",
 ) -> Verdict:
     """Judge one candidate against one task: correctness over `trials` seeds, then paired timing.
 
     A speedup above `remeasure_above` (or above 2× `best_known_speedup`) is measured again in fresh
     workers with other seeds (see `_reconcile`): the lowest reproduced speedup is reported, and one that
     varies more than 2× between workers is `rejected` / `suspicious_speedup`.
+    `lock_scope`: "timing" (the device lock covers timing only) or "device" (it covers construction,
+    checks and timing: use it when evaluations on one device run in parallel, see `worker`).
     """
+    if lock_scope not in ("timing", "device"):
+        raise ValueError(f"lock_scope must be 'timing' or 'device', not {lock_scope!r}")
     opts = dict(device=device, trials=trials, atol=atol, rtol=rtol, mode=mode, timing=timing,
                 time_budget_s=time_budget_s, target_ci=target_ci, min_rounds=min_rounds, timeout_s=timeout_s,
                 build_timeout_s=build_timeout_s, cache_dir=cache_dir, keep_workdir=keep_workdir, screen=screen,
-                runtime_guards=runtime_guards)
+                runtime_guards=runtime_guards, lock_scope=lock_scope)
     t0 = time.perf_counter()
     first = _evaluate_once(task, candidate, seed=seed, **opts)
     threshold = min(x for x in (remeasure_above, 2 * best_known_speedup if best_known_speedup else None,
@@ -151,7 +156,7 @@ def _reconcile(runs: list[Verdict]) -> Verdict | None:
 
 def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, timing, time_budget_s, target_ci,
                    min_rounds, timeout_s, build_timeout_s, cache_dir, keep_workdir, screen,
-                   runtime_guards=True) -> Verdict:
+                   runtime_guards=True, lock_scope="timing") -> Verdict:
     t0 = time.perf_counter()
     task, cand = load_task(task), load_candidate(candidate)
     if mode not in ("open", "strict"):
@@ -178,7 +183,7 @@ def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, t
         job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"),
                    device=dev, trials=trials, atol=atol, rtol=rtol, seed=seed, mode=mode,
                    timing=timing, cache_dir=str(root), kernel_names=scr.kernel_names,
-                   runtime_guards=runtime_guards,
+                   runtime_guards=runtime_guards, lock_scope=lock_scope,
                    timing_opts=dict(budget_s=time_budget_s, target=target_ci, min_rounds=min_rounds),
                    lock_path=str(root / "locks" / (f"gpu-{socket.gethostname()}-{visible}.lock" if visible
                                                    else f"cpu-{socket.gethostname()}.lock")))

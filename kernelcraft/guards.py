@@ -437,7 +437,7 @@ class SpotChecker:
         self.seed = int.from_bytes(os.urandom(8), "little") >> 1
 
     def agrees(self, ref, cand) -> bool:
-        from kernelcraft.check import as_tensor_list, default_tolerance, is_plain_tensor
+        from kernelcraft.check import as_tensor_list, is_plain_tensor, resolve_tolerance, rms_scale, within_tolerance
 
         rl, cl = as_tensor_list(ref), as_tensor_list(cand)
         if rl is None or cl is None or len(rl) != len(cl):
@@ -459,12 +459,10 @@ class SpotChecker:
                 if not torch.equal(rf, cf):
                     return False
                 continue
-            tol = default_tolerance(r.dtype)
-            a = tol if self.atol is None else self.atol
-            rt = tol if self.rtol is None else self.rtol
+            a, rt = resolve_tolerance(r.dtype, self.atol, self.rtol)
             rd, cd = rf.double(), cf.double()
-            scale = max(1.0, float(rd[torch.isfinite(rd)].pow(2).mean().sqrt())) if rd.numel() else 1.0
-            ok = ((cd - rd).abs() <= a * scale + rt * rd.abs()) | ((cd == rd) | (torch.isnan(cd) & torch.isnan(rd)))
+            scale = rms_scale(rd[torch.isfinite(rd)])  # of the sample: a disagreement falls back to the full check
+            ok = within_tolerance(rd, cd, a, rt, scale) | ((cd == rd) | (torch.isnan(cd) & torch.isnan(rd)))
             if not bool(ok.all()):
                 return False
         return True

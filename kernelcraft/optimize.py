@@ -5,8 +5,10 @@ Design decisions
   before any evaluation starts, each verdict is committed as it arrives, and a resumed run (same
   `--out`) re-queues what was in flight and continues. The budget counts candidates in the run, across
   invocations, so re-running a finished command is a no-op that reprints the result.
-- Evaluations go through `kernelcraft.evaluate.evaluate`, one worker process each, `jobs` at a time;
-  timing on a device is serialised by the evaluator's device lock. On a CPU the default is one job at a
+- Evaluations go through `kernelcraft.evaluate.evaluate`, one worker process each, `jobs` at a time.
+  With more than one job the device lock covers each worker's whole device phase (construction,
+  checks, compiles and autotuning they trigger, timing: `lock_scope="device"`), so one candidate's
+  checks never run beside another's timing; start-up and imports still overlap. On a CPU the default is one job at a
   time below 8 cores: a compile running beside a timed candidate would be timed too.
 - A null control runs first (once per run): the reference itself as a candidate (`class ModelNew(Model)`).
   It is never a candidate and never a result; its measured "speedup" is the harness's bias and noise
@@ -174,7 +176,8 @@ class _Run:
         try:  # a speedup far above the best so far is re-measured in a fresh worker by the evaluator
             v = evaluate(self.task, source, device=self.device, trials=self.opts.trials, atol=self.opts.atol,
                          rtol=self.opts.rtol, mode=self.opts.mode, seed=seed, time_budget_s=time_budget,
-                         timeout_s=self.opts.timeout_s, best_known_speedup=best if best > 1.0 else None)
+                         timeout_s=self.opts.timeout_s, best_known_speedup=best if best > 1.0 else None,
+                         lock_scope="device" if self.jobs > 1 else "timing")
             return v.to_json()
         except ValueError:
             raise  # a bad option (device, mode): the caller's error, not the candidate's

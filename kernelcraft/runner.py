@@ -5,7 +5,8 @@ Design decisions
   own process group, so a timeout or cleanup kills everything the candidate started (`killpg`).
 - Two clocks: `build_timeout_s` covers start-up, the reference import and the candidate import (where
   inline extensions compile); `timeout_s` starts when the candidate is built and covers construction,
-  correctness and timing. The worker announces phases, so a death is attributed to the right one.
+  correctness and timing. The worker announces phases, so a death is attributed to the right one. Time
+  spent waiting for the device lock (`wait_device`) counts against neither clock.
 - Results come on a private pipe as JSON lines carrying a nonce the caller made; anything else on it is
   ignored, and more than `MAX_CHANNEL_BYTES` kills the worker. stdout/stderr go to a log file whose tail
   (faulthandler's trace, a CUDA message) explains crashes.
@@ -30,6 +31,8 @@ from kernelcraft import sandbox
 
 MAX_CHANNEL_BYTES = 16 << 20
 BUILD_PHASES = ("spawn", "start", "reference", "import")
+WAIT_PHASES = ("wait_device",)  # waiting for another evaluation to free the device: on neither clock
+WAIT_LIMIT_S = 3600.0  # a holder is bounded by its own clock; this only bounds a wedged lock
 
 
 @dataclass
@@ -96,7 +99,8 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
     sel.register(r_fd, selectors.EVENT_READ)
     try:
         while True:
-            limit = build_timeout_s if out.phase in BUILD_PHASES else timeout_s
+            limit = (build_timeout_s if out.phase in BUILD_PHASES else
+                     WAIT_LIMIT_S if out.phase in WAIT_PHASES else timeout_s)
             remaining = (phase_start + limit) - time.monotonic()
             if remaining <= 0:
                 out.timed_out = True
@@ -122,8 +126,8 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
                     out.phase = msg["phase"]
                     out.build_s = msg.get("build_s", out.build_s)
                     out.phases.append((out.phase, time.monotonic() - t_start))
-                    if prev in BUILD_PHASES and out.phase not in BUILD_PHASES:
-                        phase_start = time.monotonic()  # the run clock starts once built
+                    if (prev in BUILD_PHASES + WAIT_PHASES) and out.phase not in BUILD_PHASES:
+                        phase_start = time.monotonic()  # the run clock starts once built and on the device
                 elif msg["type"] == "result":
                     out.result = msg.get("result")
             if out.result is not None:

@@ -10,6 +10,10 @@ Design decisions
   a private pipe, each carrying the job's nonce, so text a candidate prints (or writes to stdout)
   is never mistaken for a result. Each phase is announced first, so when the process dies the caller
   knows where (build → compile_error, later → runtime_error).
+- The device lock (a flock per GPU) covers timing by default. With `lock_scope="device"` the worker takes
+  it after the imports (phase `wait_device`) and holds it until it exits: construction, checks (and any
+  compile or autotuning they trigger) and timing never run beside another evaluation's GPU work, while
+  the next worker's start-up and imports overlap this one. Exiting frees the flock, whatever happened.
 - Inputs and constructor args come from the reference module only. Both models are constructed after
   seeding the same seed (identical weights); each side gets its own copy of every input.
 """
@@ -25,6 +29,7 @@ faulthandler.enable()
 
 from kernelcraft import timing  # noqa: E402  (binds clocks before anything else)
 
+import contextlib  # noqa: E402
 import copy  # noqa: E402
 import fcntl  # noqa: E402
 import importlib.util  # noqa: E402
@@ -125,6 +130,7 @@ class Evaluation:
     def __init__(self, job: dict, chan: Channel):
         self.job, self.chan = job, chan
         self.phase = "start"
+        self.device_lock = None
         self.device = torch.device("cuda:0" if job["device"].startswith("cuda") else "cpu")
         cap = torch.cuda.get_device_capability(0) if self.device.type == "cuda" else None
         self.build = BuildCache(Path(job["cache_dir"]) / "ext", job.get("arch") or arch_for(cap))
@@ -164,6 +170,9 @@ class Evaluation:
         self.result["build_cache"] = {"builds": self.build.builds, "hits": self.build.hits}
         if not isinstance(getattr(cand_mod, "ModelNew", None), type):
             raise Reject("compile_error", ["no_modelnew"], "the candidate defines no class ModelNew")
+        if job.get("lock_scope") == "device":  # hold the device from construction to the end of timing
+            self.enter("wait_device")
+            self.device_lock = _device_lock(job.get("lock_path")).__enter__()  # freed when the process exits
         self.enter("init")
         self.ref_model, self.cand_model = self._construct(self.ref_mod.Model, cand_mod.ModelNew)
         self.enter("check")
@@ -426,7 +435,7 @@ class Evaluation:
                              "an output of a timed call was wrong (the answer did not follow fresh inputs): "
                              + cmp.message)
 
-        with _device_lock(job.get("lock_path")):
+        with contextlib.nullcontext() if self.device_lock else _device_lock(job.get("lock_path")):
             clock = timing.Clock(self.device)
             res = timing.measure(
                 clock, lambda a: self._call(self.ref_model, a), self.run_cand, next_inputs, spot_check, seed=job["seed"],

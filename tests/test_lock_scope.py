@@ -1,0 +1,63 @@
+"""lock_scope="device": the worker waits for the device lock after its imports, the wait counts against
+no clock, and once held the lock covers construction, checks and timing."""
+import fcntl
+import socket
+import threading
+import time
+
+import pytest
+
+from kernelcraft.evaluate import evaluate
+from kernelcraft.runner import cache_root
+
+TASK = "tiny/level1/relu"
+CAND = '''
+import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+'''
+
+
+def _hold_lock(path, seconds, held):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        held.set()
+        time.sleep(seconds)
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def test_waiting_for_the_device_is_on_no_clock(cache_dir):
+    lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
+    held = threading.Event()
+    t = threading.Thread(target=_hold_lock, args=(lock, 8.0, held))
+    t.start()
+    held.wait()
+    t0 = time.perf_counter()
+    # the run clock (timeout_s) is far shorter than the wait: it must not be running while we wait
+    v = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, timeout_s=5.0, lock_scope="device",
+                 cache_dir=cache_dir)
+    waited = time.perf_counter() - t0
+    t.join()
+    assert v.status == "correct", v.message
+    assert waited >= 7.0  # it did wait for the holder: construction and checks ran under the lock
+
+
+def test_timing_scope_checks_do_not_wait(cache_dir):
+    lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
+    held = threading.Event()
+    t = threading.Thread(target=_hold_lock, args=(lock, 20.0, held))
+    t.start()
+    held.wait()
+    t0 = time.perf_counter()
+    v = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, lock_scope="timing", cache_dir=cache_dir)
+    took = time.perf_counter() - t0
+    t.join()
+    assert v.status == "correct", v.message
+    assert took < 18.0  # no timing, so the default scope never touched the lock
+
+
+def test_bad_lock_scope_is_a_usage_error():
+    with pytest.raises(ValueError, match="lock_scope"):
+        evaluate(TASK, CAND, device="cpu", lock_scope="gpu")
