@@ -40,7 +40,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernelcraft import guards  # noqa: E402
+from kernelcraft import guards, tripwires  # noqa: E402
 from kernelcraft.build import BuildCache, arch_for  # noqa: E402
 from kernelcraft.check import compare_outputs  # noqa: E402
 from kernelcraft.guards import Reject  # noqa: E402
@@ -161,7 +161,7 @@ class Evaluation:
         except Exception as e:
             raise Reject("runtime_error", ["harness_error"], "kernelcraft failed to snapshot process state: "
                          + describe_exception(e)) from None
-        self.ref_trap = guards.ReferenceTrap(self.ref_mod)
+        self.ref_trap = tripwires.ReferenceTrap(self.ref_mod)
         self.build.install(count_calls=job.get("mode") == "strict")
         self.state.watch_harness(self.ref_mod)
         verify = guards.ProcessState.verify  # a local: out of reach of a candidate patching the harness
@@ -316,7 +316,7 @@ class Evaluation:
                 guards.check_escaped_processes()
             if not _same(cand_in, inputs) and _same(ref_in, inputs):
                 raise Reject("incorrect", ["input_mutation"], f"trial {t + 1}: the candidate modified its inputs")
-            if snap is not None and not guards.same_values(snap, cand_out):
+            if snap is not None and not tripwires.same_values(snap, cand_out):
                 code = "extra_stream" if self.device.type == "cuda" else "thread_injection"
                 raise Reject("rejected", [code], f"trial {t + 1}: the output changed after forward returned "
                              "(work still running on another stream or thread)")
@@ -326,7 +326,7 @@ class Evaluation:
             self.result["correctness"] = dict(trials=trials, passed=passed, max_abs_err=max_abs,
                                               max_rel_err=max_rel, atol=atol, rtol=rtol)
             if not cmp.ok:
-                if prev_cand is not None and "value_mismatch" in cmp.reasons and guards.same_values(prev_cand, cand_out):
+                if prev_cand is not None and "value_mismatch" in cmp.reasons and tripwires.same_values(prev_cand, cand_out):
                     raise Reject("incorrect", ["stale_output"], f"trial {t + 1}: the candidate returned the "
                                  "previous trial's output for new inputs (a cached answer)")
                 raise Reject("incorrect", cmp.reasons, f"trial {t + 1} of {trials}: {cmp.message}")
@@ -351,11 +351,11 @@ class Evaluation:
         """Call the candidate and copy its outputs at once, on the current stream, without any sync:
         an output that is still being written elsewhere differs from the copy later."""
         try:
-            with guards.watch_calls(self.ref_mod.Model) as ref_calls, self.ref_trap.armed():
+            with tripwires.watch_calls(self.ref_mod.Model) as ref_calls, self.ref_trap.armed():
                 out = self.run_cand(args)
                 snap = _clone(out) if self.guarded and isinstance(out, (torch.Tensor, list, tuple)) else None
         except RuntimeError as e:
-            if guards.REFERENCE_CALLED in str(e):
+            if tripwires.REFERENCE_CALLED in str(e):
                 raise Reject("rejected", ["reference_call"], "the candidate ran the reference Model's code") from None
             raise
         if ref_calls[0]:
@@ -368,7 +368,7 @@ class Evaluation:
         names = self.job.get("kernel_names") or []
         counts = self.build.call_counts
         before = dict(counts)
-        kernels = guards.profile_kernels(lambda: self.run_cand(args), self.device)
+        kernels = tripwires.profile_kernels(lambda: self.run_cand(args), self.device)
         ran_ext = any(counts.get(k, 0) > before.get(k, 0) for k in counts)
         if kernels is not None and self.device.type == "cuda":
             own = [k for k in kernels if any(n in k for n in names)]
@@ -419,7 +419,7 @@ class Evaluation:
         atol, rtol = job.get("atol"), job.get("rtol")
         mismatches = []
 
-        sampler = guards.SpotChecker(atol, rtol, seed=job["seed"])
+        sampler = tripwires.SpotChecker(atol, rtol, seed=job["seed"])
 
         def spot_check(ref_out, cand_out):
             if not self.guarded:

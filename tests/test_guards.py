@@ -334,7 +334,7 @@ def test_reference_context_restores_cudnn_benchmark():
 def test_same_values_nan_and_structure():
     import torch
 
-    from kernelcraft.guards import same_values
+    from kernelcraft.tripwires import same_values
 
     a = torch.tensor([1.0, float("nan")])
     assert same_values(a, a.clone())
