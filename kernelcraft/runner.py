@@ -22,6 +22,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,8 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
             argv, stdin=subprocess.PIPE, stdout=log,
             stderr=subprocess.STDOUT, pass_fds=(w_fd,), start_new_session=True, cwd=work_dir,
             env=env)
+    with _LIVE_LOCK:
+        _LIVE[proc.pid] = (proc, tag)
     os.close(w_fd)
     try:
         proc.stdin.write((json.dumps({**job, "nonce": nonce, "fd": w_fd}) + "\n").encode())
@@ -142,6 +145,8 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
                 pass
         _kill_group(proc)
         kill_tagged(tag)  # descendants that left the process group (setsid, double fork)
+        with _LIVE_LOCK:
+            _LIVE.pop(proc.pid, None)
         out.returncode = proc.returncode
         if bwrapped and out.returncode is not None and out.returncode > 128:
             out.returncode = 128 - out.returncode  # bwrap exits 128 + the signal that killed the worker
@@ -150,6 +155,25 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
 
 
 WORKER_TAG_VAR = "KERNELCRAFT_WORKER_TAG"
+_LIVE: dict[int, tuple[subprocess.Popen, str]] = {}  # pid -> (worker, tag), while run_worker watches it
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_live_workers() -> int:
+    """Kill every worker this process is running now (an interrupted caller abandoning its evaluations).
+
+    The threads watching them see the channel close and return a `crashed` verdict, which such a
+    caller drops. Returns how many workers were killed.
+    """
+    with _LIVE_LOCK:
+        live = list(_LIVE.values())
+    for proc, tag in live:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        kill_tagged(tag)
+    return len(live)
 
 
 def tagged_processes(tag: str) -> list[int]:

@@ -46,6 +46,8 @@ REASONS = {
     "suspicious_speedup": "the speedup did not reproduce in a fresh worker",
     "harness_error": "* kernelcraft itself failed (a bug: please report it)",
     "task_error": "* the reference task itself failed (import, get_inputs or forward)",
+    "no_candidate": "* bench: the task has no candidate (none given, or optimize found none verified faster)",
+    "input_error": "* bench: an input row or file could not be used (bad JSON, no ref_code, not a KernelBench task)",
 }
 
 

@@ -1,0 +1,544 @@
+"""`kernelcraft bench SOURCE`: judge a whole suite of (task, candidate) pairs against baselines and summarise.
+
+Design decisions
+- Sources (`benchsources.py`) become items — one task + at most one candidate each: a built-in suite, a
+  directory of KernelBench files (+ `--candidates DIR`), or a CUDA-L1 pairs file. Without candidates
+  (and not a pairs file), each task is *optimized*: `optimize(policy, budget)` runs into
+  `OUT/runs/<task>` (resumable by itself) and its `best.py` is judged afresh like any candidate.
+- Nothing an input contains can crash the bench. A row or file the bench cannot use (bad JSON, no
+  `ref_code`, a reference that is not a KernelBench task) is an item with status `input_error`: it is
+  recorded with its message and counted in `input_errors`, and left out of the metrics (it says
+  nothing about a candidate). Only such statically detected problems are excluded; anything that goes
+  wrong once code runs is the verdict's business. A task without a candidate (a null `custom_code`, no
+  file in the candidates directory, an optimization that found nothing verified faster than the
+  reference) is an item with status `no_candidate`: it counts as a task that failed. Those two statuses
+  are bench-only; every other record is the evaluator's verdict record, unchanged, plus bench fields.
+- Every candidate goes through `pool.Pool` (build slots for inline extensions, timing slots per device,
+  fresh worker per evaluation), with the same protocol for candidates and baselines (`baselines.py`).
+  Work is submitted task by task (its baselines, then its candidates), so an interrupted bench has
+  whole rows. `--jobs` is the pool's timing slots per device: default 1 per GPU (one evaluation owns the
+  GPU) and, like `optimize`, 1 on a CPU with fewer than 8 cores. Optimizations run one task at a time
+  (each runs its own parallel evaluations), after the pool's work. Results stream in completion order; each is appended to `OUT/verdicts.jsonl` the moment it arrives
+  (flushed and fsync'd), keyed by (task SHA-256, candidate SHA-256) — or the optimize settings instead
+  of a candidate. Resume is that file: a rerun with the same `--out` skips every key already in it.
+  Identical pairs are evaluated once and share the record (`items` lists them). Ctrl-C keeps every
+  finished line, drops what was in flight (killing its workers) and raises `Interrupted`.
+  `OUT/bench.json` pins the device and the measurement protocol; a rerun with other settings into the
+  same directory is refused rather than mixing numbers.
+- Metrics (`metrics`), over the scored items (all items but input errors), overall and per level:
+  - `correct`, `correct_rate`;
+  - `fast_p` for p in 0, 0.5, 0.8, 1, 1.5, 2 = the fraction of *all* scored items that are correct
+    and have speedup > p (KernelBench's definition; fast_0 is the correctness rate);
+  - `geomean_speedup` / `median_speedup` (the contract's keys) are over *all* scored items with every
+    failure counted as 1.0 (a failed candidate leaves the baseline in place); `*_correct` variants
+    are over correct items only;
+  - against the best `torch.compile` baseline of the task: speedup_vs_compile = candidate speedup vs
+    eager / max over the task's correct compile baselines of their speedup vs eager — a ratio of two
+    paired measurements (each candidate and each baseline was timed against eager in its own worker),
+    not one direct comparison. A task where no compile baseline was correct compares against eager.
+    `fast_p_vs_compile`, `geomean_speedup_vs_compile`, ... as above; null without a compile baseline.
+- The summary says what this invocation did: `resumed` (items already in the log), `evaluated`
+  (items judged now), and for baselines `measured_now`, `from_run` (this directory's
+  `baselines.jsonl`) and `cache_hits` (the shared cache).
+- Outputs: `OUT/verdicts.jsonl` (one line per evaluated pair), `OUT/baselines.jsonl` (baseline
+  verdicts), `OUT/summary.json` (the summary, with a row per item), `OUT/report.html` (`benchreport`).
+  The library prints nothing; progress goes to an `on_event(kind, **data)` callback.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernelcraft import baselines as bl
+from kernelcraft.benchsources import BenchError, Item, Source, resolve
+
+__all__ = ["BenchError", "BenchOptions", "Interrupted", "Item", "Source", "default_out", "metrics", "resolve", "run"]
+
+P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
+P_KEYS = tuple(f"{p:g}" for p in P_VALUES)  # "0", "0.5", "0.8", "1", "1.5", "2"
+BENCH_STATUSES = ("no_candidate", "input_error")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C: finished verdicts are on disk; rerun the same command to resume."""
+
+    def __init__(self, done: int, out: Path):
+        super().__init__(f"interrupted with {done} verdict(s) kept in {out}")
+        self.done, self.out = done, out
+
+
+@dataclass
+class BenchOptions:
+    device: str | None = None
+    baselines: str | None = None  # "eager,inductor,cudagraph" (see baselines.parse)
+    trials: int = 5
+    eval_time_s: float | None = None  # timing budget per evaluation (default 1 s cpu, 2 s gpu)
+    timeout_s: float = 180.0
+    mode: str = "open"
+    atol: float | None = None
+    rtol: float | None = None
+    remeasure_above: float | None = 3.0
+    jobs: int | None = None
+    limit: int | None = None
+    baselines_only: bool = False
+    baseline_cache: bool = True
+    cache_dir: str | None = None
+    policy: str = "recipes"
+    budget: int = 8
+    optimize_options: dict = field(default_factory=dict)  # more optimize.Options fields
+    report: bool = True
+
+
+# ---- metrics ------------------------------------------------------------------------------------------------
+
+def geomean(xs) -> float | None:
+    xs = [x for x in xs if x is not None and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def median(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def metrics(rows: list[dict], *, vs_compile: bool = False) -> dict:
+    """Metrics over rows {correct: bool, speedup: float|None[, speedup_vs_compile]} (module docstring)."""
+    n = len(rows)
+    ok = [r for r in rows if r["correct"] and r.get("speedup") is not None]
+
+    def block(key: str, suffix: str) -> dict:
+        return {
+            f"fast_p{suffix}": {k: (sum(r[key] > p for r in ok) / n if n else None) for k, p in zip(P_KEYS, P_VALUES)},
+            f"geomean_speedup{suffix}": geomean([r[key] if r in ok else 1.0 for r in rows]),
+            f"median_speedup{suffix}": median([r[key] if r in ok else 1.0 for r in rows]),
+            f"geomean_speedup{suffix}_correct": geomean([r[key] for r in ok]),
+            f"median_speedup{suffix}_correct": median([r[key] for r in ok]),
+        }
+
+    m = {"tasks": n, "correct": len(ok), "correct_rate": len(ok) / n if n else None, **block("speedup", "")}
+    if vs_compile:
+        m.update(block("speedup_vs_compile", "_vs_compile"))
+    return m
+
+
+def _by_level(rows: list[dict], vs_compile: bool) -> dict:
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(str(r["level"]) if r.get("level") is not None else "unknown", []).append(r)
+    return {k: metrics(groups[k], vs_compile=vs_compile)
+            for k in sorted(groups, key=lambda s: (not s.isdigit(), int(s) if s.isdigit() else 0, s))}
+
+
+SPEEDUP_DEFINITION = ("speedup = eager reference time / candidate time (paired, interleaved timing). geomean_speedup "
+                      "and median_speedup are over all scored tasks with every failure counted as 1.0; *_correct "
+                      "variants are over correct tasks only. fast_p = fraction of all scored tasks that are correct "
+                      "with speedup > p. speedup_vs_compile = speedup / (best correct torch.compile baseline's speedup "
+                      "vs eager; 1.0 when none is correct): a ratio of two paired measurements.")
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+
+class _Log:
+    """An append-only JSONL file: every line flushed and fsync'd; a torn last line (kill -9) is skipped."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.records: dict[str, dict] = {}
+        if path.exists():
+            raw = path.read_bytes()
+            for line in raw.splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("key"):
+                    self.records[rec["key"]] = rec
+            needs_newline = bool(raw) and not raw.endswith(b"\n")
+        else:
+            needs_newline = False
+        self.f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run, closed in close()
+        if needs_newline:
+            self.f.write("\n")
+
+    def append(self, rec: dict) -> None:
+        self.f.write(json.dumps(rec) + "\n")
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.records[rec["key"]] = rec
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class _Lock:
+    def __init__(self, out: Path):
+        self.f = open(out / "bench.lock", "w")  # noqa: SIM115 - the lock lives as long as the file is open
+        try:
+            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.f.close()
+            raise BenchError(f"{out} is in use by another `kernelcraft bench` (bench.lock is held)") from None
+
+    def release(self) -> None:
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name).strip("_") or "task"
+
+
+def default_out(source: Source) -> Path:
+    return Path("runs") / f"bench-{_slug(source.name)}"
+
+
+def run(source: Source, out: str | os.PathLike | None = None, options: BenchOptions | None = None, *,
+        on_event: Callable[..., None] | None = None) -> dict:
+    """Run (or resume) a bench into `out` and return the summary (also written to OUT/summary.json)."""
+    opts = options or BenchOptions()
+    emit = on_event or (lambda kind, **data: None)
+    from kernelcraft.evaluate import _env, _resolve_device
+
+    try:
+        dev, _ = _resolve_device(opts.device)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    if opts.mode not in ("open", "strict"):
+        raise BenchError(f"unknown mode {opts.mode!r}: use open or strict")
+    if opts.trials < 1:
+        raise BenchError("trials must be at least 1")
+    try:
+        wanted, skipped = bl.parse(opts.baselines, dev)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    out = Path(out) if out is not None else default_out(source)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    eval_time = opts.eval_time_s or (1.0 if dev == "cpu" else 2.0)
+    protocol = {"trials": opts.trials, "time_budget_s": eval_time, "mode": opts.mode, "atol": opts.atol,
+                "rtol": opts.rtol, "remeasure_above": opts.remeasure_above}
+    devname = bl.device_name(dev)
+    optimize_cfg = {"policy": opts.policy, "budget": opts.budget, **opts.optimize_options}
+    lock = _Lock(out)
+    log = base_log = cache = pool = None
+    try:
+        _check_meta(out, source, devname, protocol, optimize_cfg)
+        items = source.items[: opts.limit] if opts.limit else list(source.items)
+        opt_key = "optimize-" + _sha(json.dumps(optimize_cfg, sort_keys=True, default=str))[:16]
+        for it in items:
+            if it.error is not None or it.task is None:
+                it.key = "input-" + _sha(f"{it.origin}\0{it.error}")[:32]
+            elif it.candidate is not None:
+                it.key = f"{it.task.sha256}:{_sha(it.candidate)}"
+            elif it.missing is not None or source.has_candidates:
+                it.missing = it.missing or "no candidate"
+                it.key = f"{it.task.sha256}:none"
+            else:
+                it.key = f"{it.task.sha256}:{opt_key}"
+        log = _Log(out / "verdicts.jsonl")
+        base_log = _Log(out / "baselines.jsonl")
+        cache = bl.Cache(Path(opts.cache_dir) / "bench" if opts.cache_dir else None)
+        eval_opts = {"trials": opts.trials, "mode": opts.mode, "atol": opts.atol, "rtol": opts.rtol,
+                     "time_budget_s": eval_time, "timeout_s": opts.timeout_s, "remeasure_above": opts.remeasure_above}
+        env = _env(None).model_dump(mode="json")
+        groups: dict[str, list[Item]] = {}
+        for it in items:
+            groups.setdefault(it.key, []).append(it)
+        resumed = sum(len(g) for k, g in groups.items() if k in log.records)
+
+        # bench-only records (input errors, missing candidates) cost nothing: write them now
+        for key, group in groups.items():
+            it = group[0]
+            if key in log.records or (it.error is None and it.missing is None):
+                continue
+            status = "input_error" if it.error is not None else "no_candidate"
+            log.append(_record(_bench_verdict(it, status, it.error or it.missing, dev, opts.mode, env), group))
+
+        # baselines: from this run's log, the shared cache, or measured
+        tasks = {}
+        for it in items:
+            if it.task is not None and it.error is None:
+                tasks.setdefault(it.task.sha256, it.task)
+        base: dict[tuple[str, str], dict] = {}
+        todo_base: list[tuple[str, str, str]] = []  # (task sha, baseline, cache key)
+        stats = {"from_run": 0, "cache_hits": 0, "measured_now": 0}
+        evaluated = 0
+        for sha in tasks:
+            for b in wanted:
+                if b == "eager":
+                    continue
+                ck = bl.cache_key(sha, devname, b, protocol)
+                rec = base_log.records.get(ck)
+                if rec is not None:
+                    stats["from_run"] += 1
+                elif opts.baseline_cache and (rec := cache.get(ck)) is not None:
+                    stats["cache_hits"] += 1
+                    base_log.append({**rec, "key": ck, "cached": True})
+                if rec is not None:
+                    base[(sha, b)] = rec
+                else:
+                    todo_base.append((sha, b, ck))
+        todo_items = [] if opts.baselines_only else [k for k, g in groups.items()
+                                                     if k not in log.records and g[0].candidate is not None]
+        todo_opt = [] if opts.baselines_only else [k for k, g in groups.items() if k not in log.records
+                                                   and g[0].error is None and g[0].missing is None
+                                                   and g[0].candidate is None]
+        emit("start", out=str(out), device=devname, items=len(items), tasks=len(tasks), resumed=resumed,
+             total=len(todo_base) + len(todo_items) + len(todo_opt), baselines=wanted, skipped=skipped,
+             baseline_stats=dict(stats), optimize=len(todo_opt), notes=list(source.notes))
+
+        policy = None
+        if todo_opt:  # one policy for every task (an LLM client or a local model is built once), checked first
+            from kernelcraft.policies import PolicyError, make_policy
+
+            try:
+                policy = make_policy(opts.policy, **opts.optimize_options.get("policy_options", {}))
+            except PolicyError as e:
+                raise BenchError(str(e)) from None
+
+        from kernelcraft.pool import Pool
+
+        jobs = opts.jobs
+        if jobs is None and dev == "cpu":
+            from kernelcraft.optimize import default_jobs
+
+            jobs = default_jobs("cpu")
+        pool = Pool(devices=[dev], per_device=jobs, cache_dir=opts.cache_dir)
+        futures = {}
+        by_task: dict[str, list] = {}  # submitted task by task (its baselines, then its candidates): a partial
+        for sha, b, ck in todo_base:  # bench has complete rows, and the pool keeps the order within a slot
+            by_task.setdefault(sha, []).append(("baseline", sha, b, ck))
+        for key in todo_items:
+            by_task.setdefault(groups[key][0].task.sha256, []).append(("item", key))
+        for what in (w for ws in by_task.values() for w in ws):
+            if what[0] == "item":
+                it = groups[what[1]][0]
+                futures[pool.submit(it.task, it.candidate, **eval_opts)] = what
+                continue
+            _, sha, b, ck = what
+            try:
+                src = bl.source(tasks[sha].source, b)
+            except Exception as e:  # noqa: BLE001 - a task the wrapper cannot render: a failed baseline
+                rec = _bench_verdict(Item(name=tasks[sha].name, task=tasks[sha]), "compile_error",
+                                     f"could not render the {b} baseline: {type(e).__name__}: {e}", dev, opts.mode, env)
+                rec.update(status="compile_error", reasons=["build_failed"])
+                base[(sha, b)] = _base_record(rec, sha, b, ck)
+                base_log.append(base[(sha, b)])
+                stats["measured_now"] += 1
+                emit("result", what="baseline", name=f"{tasks[sha].name} [{b}]", status="compile_error",
+                     speedup=None, message=rec["message"])
+                continue
+            timeout = max(opts.timeout_s, bl.MIN_TIMEOUT_S.get(b, 0.0))
+            futures[pool.submit(tasks[sha], src, **{**eval_opts, "timeout_s": timeout})] = what
+        for f in as_completed(futures):
+            what = futures[f]
+            v = f.result().to_json()
+            if what[0] == "baseline":
+                _, sha, b, ck = what
+                rec = _base_record(v, sha, b, ck)
+                base_log.append(rec)
+                cache.put(ck, rec)
+                base[(sha, b)] = rec
+                stats["measured_now"] += 1
+                emit("result", what="baseline", name=f"{tasks[sha].name} [{b}]", status=v["status"],
+                     speedup=v["speedup"], message=_first_line(v["message"]))
+            else:
+                group = groups[what[1]]
+                log.append(_record(v, group))
+                evaluated += len(group)
+                emit("result", what="item", name=group[0].name, status=v["status"], speedup=v["speedup"],
+                     message=_first_line(v["message"]))
+
+        for key in todo_opt:  # optimize each task (sequentially: each runs its own parallel evaluations)
+            group = groups[key]
+            rec = _optimize_item(group[0], out, opts, dev, eval_opts, pool, env, emit, policy)
+            log.append(_record(rec, group))
+            evaluated += len(group)
+            emit("result", what="item", name=group[0].name, status=rec["status"], speedup=rec["speedup"],
+                 message=_first_line(rec["message"]))
+        pool.close()
+        pool = None
+        summary = _summarise(source, items, log.records, base, wanted, skipped, stats, out, devname, opts,
+                             protocol, resumed, evaluated, time.monotonic() - t0)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if opts.report:
+            from kernelcraft.benchreport import write_report
+
+            write_report(summary, out / "report.html")
+            summary["report"] = str(out / "report.html")
+            (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        emit("done", summary=summary)
+        return summary
+    except KeyboardInterrupt:
+        if pool is not None:
+            pool.close(cancel=True, wait=False)
+            pool = None
+        from kernelcraft.runner import kill_live_workers
+
+        kill_live_workers()
+        raise Interrupted(len(log.records) if log else 0, out) from None
+    finally:
+        if pool is not None:
+            pool.close(cancel=True, wait=False)
+        for x in (log, base_log, cache):
+            if x is not None:
+                x.close()
+        lock.release()
+
+
+def _check_meta(out: Path, source: Source, devname: str, protocol: dict, optimize_cfg: dict) -> None:
+    path = out / "bench.json"
+    meta = {"device": devname, "protocol": protocol}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            old = {}
+        diff = [k for k in meta if k in old and old[k] != meta[k]]
+        if diff:
+            raise BenchError(f"{out} holds a bench measured with other settings ({', '.join(diff)}: "
+                             f"{', '.join(str(old[k]) for k in diff)}); use another --out")
+    else:
+        path.write_text(json.dumps({**meta, "source": source.spec, "optimize": optimize_cfg,
+                                    "created_at": time.time()}, indent=2) + "\n")
+
+
+def _first_line(msg: str | None) -> str:
+    return (msg or "").strip().splitlines()[0][:200] if (msg or "").strip() else ""
+
+
+def _bench_verdict(it: Item, status: str, message: str, dev: str, mode: str, env: dict) -> dict:
+    """A verdict-shaped record for what the bench settles without an evaluation."""
+    return {"task": it.name, "candidate_sha256": _sha(it.candidate) if it.candidate is not None else None,
+            "device": dev, "status": status, "reasons": [status], "message": message, "correctness": None,
+            "timing": None, "speedup": None, "build_s": 0.0, "wall_s": 0.0, "env": env, "mode": mode, "guards": []}
+
+
+def _record(verdict: dict, group: list[Item]) -> dict:
+    it = group[0]
+    return {**verdict, "key": it.key, "item": it.name, "items": [g.name for g in group],
+            "task_sha256": it.task.sha256 if it.task is not None else None, "level": it.level,
+            "task_id": it.task_id, "origin": it.origin, "candidate_path": it.candidate_path or verdict.get(
+                "candidate_path"), "extra": it.extra}
+
+
+def _base_record(verdict: dict, sha: str, name: str, ck: str) -> dict:
+    return {**verdict, "key": ck, "baseline": name, "task_sha256": sha}
+
+
+def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, eval_opts: dict, pool, env: dict,
+                   emit, policy) -> dict:
+    from kernelcraft.optimize import Options, RunInUse, optimize
+    from kernelcraft.policies import PolicyError
+
+    run_dir = out / "runs" / _slug(it.name)
+    o = Options(policy=opts.policy, budget=opts.budget, device=dev, trials=opts.trials, mode=opts.mode,
+                atol=opts.atol, rtol=opts.rtol, eval_time_s=opts.eval_time_s, timeout_s=opts.timeout_s,
+                **opts.optimize_options)
+    emit("optimize_start", name=it.name, run_dir=str(run_dir))
+    try:
+        res = optimize(it.task, run_dir, o, policy=policy,
+                       on_event=lambda kind, **d: emit("optimize", name=it.name, event=kind, data=d))
+    except (RunInUse, PolicyError, ValueError) as e:  # a bad option or a clashing run directory
+        raise BenchError(f"optimize {it.name}: {e}") from None
+    summary = res.to_json()
+    if res.best_path:  # the search's own numbers are its maximum: judge best.py afresh, like any candidate
+        source = Path(res.best_path).read_text()
+        rec = pool.submit(it.task, source, **eval_opts).result().to_json()
+        rec.update(candidate_path=res.best_path)
+    else:
+        why = {"no_improvement": f"optimize found {res.correct} correct candidate(s) but none verified faster than "
+                                 "the reference",
+               "no_correct": "optimize found no correct candidate"}.get(res.status, res.status)
+        rec = _bench_verdict(it, "no_candidate", f"{why} ({res.candidates} candidates, policy {res.policy}): no "
+                             "best.py, counted as a failure", dev, opts.mode, env)
+    rec["optimize"] = {k: summary[k] for k in ("status", "best_speedup", "best_ci95", "confirmed", "candidates",
+                                               "correct", "verified_faster", "stopped", "run_dir", "best_techniques",
+                                               "wall_s")}
+    return rec
+
+
+def _summarise(source: Source, items: list[Item], records: dict, base: dict, wanted: list[str], skipped: dict,
+               stats: dict, out: Path, devname: str, opts: BenchOptions, protocol: dict, resumed: int,
+               evaluated: int, wall: float) -> dict:
+    compile_names = [b for b in wanted if b in bl.COMPILE_BASELINES]
+    rows, errors = [], []
+    statuses: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for it in items:
+        rec = records.get(it.key)
+        if rec is None:  # not evaluated (baselines only)
+            if it.task is None or it.error is not None:
+                continue
+            rec = {"status": "not_evaluated", "reasons": [], "speedup": None, "message": "baselines only"}
+        if rec["status"] == "input_error":
+            errors.append({"item": it.name, "origin": it.origin, "message": rec["message"]})
+            continue
+        statuses[rec["status"]] = statuses.get(rec["status"], 0) + 1
+        for r in rec.get("reasons") or []:
+            reasons[r] = reasons.get(r, 0) + 1
+        sha = it.task.sha256
+        bs = {b: (base.get((sha, b)) or {}) for b in wanted if b != "eager"}
+        comp = {b: bs[b]["speedup"] for b in compile_names if bs[b].get("status") == "correct" and bs[b].get("speedup")}
+        best_c = max(comp.items(), key=lambda kv: kv[1]) if comp else ("eager", 1.0)
+        correct = rec["status"] == "correct" and rec.get("speedup") is not None
+        rows.append({"item": it.name, "level": it.level, "task_id": it.task_id, "status": rec["status"],
+                     "reasons": rec.get("reasons") or [], "correct": correct,
+                     "speedup": rec["speedup"] if correct else None,
+                     "speedup_vs_compile": rec["speedup"] / best_c[1] if correct and compile_names else None,
+                     "ci95": (rec.get("timing") or {}).get("ci95") if correct else None,
+                     "ref_ms": (rec.get("timing") or {}).get("ref_ms"),
+                     "cand_ms": (rec.get("timing") or {}).get("cand_ms"),
+                     "best_compile": best_c[0] if compile_names else None,
+                     "baselines": {b: {"status": bs[b].get("status"), "speedup": bs[b].get("speedup")} for b in bs},
+                     "message": _first_line(rec.get("message")), "key": it.key})
+    with_compile = bool(compile_names)
+    scored = not opts.baselines_only
+    m = metrics(rows, vs_compile=with_compile) if scored else {
+        "tasks": len({it.task.sha256 for it in items if it.task is not None and it.error is None}), "correct": None,
+        "fast_p": None, "geomean_speedup": None, "median_speedup": None}
+    if scored and not with_compile:
+        m.update({"fast_p_vs_compile": None, "geomean_speedup_vs_compile": None, "median_speedup_vs_compile": None})
+    base_summary = {}
+    shas = list(dict.fromkeys(it.task.sha256 for it in items if it.task is not None and it.error is None))
+    levels = {it.task.sha256: it.level for it in items if it.task is not None}
+    for b in wanted:
+        if b == "eager":
+            base_summary[b] = {"tasks": len(shas), "note": "the reference itself: 1.0x by definition"}
+            continue
+        brows = []
+        for sha in shas:
+            r = base.get((sha, b)) or {}
+            brows.append({"level": levels.get(sha), "correct": r.get("status") == "correct" and r.get("speedup") is not None,
+                          "speedup": r.get("speedup")})
+        base_summary[b] = {**metrics(brows), "by_level": _by_level(brows, False)}
+    return {
+        "source": source.spec, "kind": source.kind, "out": str(out), "device": devname,
+        **m,
+        "by_level": _by_level(rows, with_compile) if scored else {},
+        "speedup_definition": SPEEDUP_DEFINITION,
+        "items_total": len(items), "input_errors": len(errors), "statuses": statuses, "reasons": reasons,
+        "baselines": {"names": wanted, "skipped": skipped, "compile": compile_names, **stats,
+                      "summary": base_summary},
+        "candidates": "optimize" if not source.has_candidates and source.kind != "pairs" else "given",
+        "policy": opts.policy if not source.has_candidates else None,
+        "budget": opts.budget if not source.has_candidates else None,
+        "baselines_only": opts.baselines_only, "protocol": protocol, "resumed": resumed,
+        "evaluated": evaluated,
+        "wall_s": round(wall, 2), "notes": source.notes, "errors": errors,
+        "verdicts": str(out / "verdicts.jsonl"), "items": rows,
+    }

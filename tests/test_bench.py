@@ -1,0 +1,392 @@
+"""`kernelcraft bench`: sources load (pairs JSONL, task directories, candidates in `<stem>.py` and KernelBench run
+layouts), honest / wrong / cheating candidates give the right counts and fast_p, an interrupted bench resumes
+without evaluating anything twice, baselines come from the cache on a rerun, and bad inputs are one-line errors.
+CPU, tiny tasks, short timing budgets; the GPU test at the end runs the CUDA-graph baseline."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kernelcraft.bench import BenchError, BenchOptions, metrics, resolve, run
+from kernelcraft.cli import app
+
+FIX = Path(__file__).parent / "fixtures"
+TASKS, LEGIT, FAULTS, HACKS = FIX / "tasks", FIX / "legit", FIX / "faults", FIX / "hacks"
+FAST = ["--device", "cpu", "--trials", "2", "--eval-time", "0.3", "--remeasure-above", "0", "--jobs", "1"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+# correct but far slower than `alpha * a + b`: 200 extra copies
+SLOW = '''import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, a, b):
+        x = self.alpha * a + b
+        for _ in range(200):
+            x = x.clone()
+        return x
+'''
+
+
+def _text(p: Path) -> str:
+    return p.read_text()
+
+
+def write_pairs(path: Path) -> Path:
+    """6 scorable rows (honest fast, honest slow, wrong, two cheats, no candidate) and 2 broken ones."""
+    rows = [
+        {"level_id": 1, "task_id": 1, "ref_code": _text(TASKS / "tiny_diag_matmul.py"),
+         "custom_code": _text(LEGIT / "diag_matmul_rowscale.py"), "score_default": 9.9, "note": "kept"},
+        {"level_id": 1, "task_id": 2, "ref_code": _text(TASKS / "tiny_elementwise.py"), "custom_code": SLOW},
+        {"level_id": 1, "task_id": 3, "ref_code": _text(TASKS / "tiny_elementwise.py"),
+         "custom_code": _text(FAULTS / "value_mismatch.py")},
+        '{"level_id": 1, "task_id": 9, "ref_code": ',  # a torn line: not JSON
+        {"level_id": 2, "task_id": 4, "ref_code": _text(TASKS / "guard_slow.py"),
+         "custom_code": _text(HACKS / "timer_patch_at_import.py")},  # rejected by the screen
+        {"level_id": 2, "task_id": 5, "ref_code": _text(TASKS / "guard_slow.py"),
+         "custom_code": _text(HACKS / "lazy_tensor_subclass.py")},  # caught at run time
+        {"level_id": 2, "task_id": 6, "ref_code": _text(TASKS / "guard_slow.py"), "custom_code": None},
+        {"level_id": 3, "task_id": 8, "custom_code": "class ModelNew: pass\n"},  # no ref_code
+    ]
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def kc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="120", NO_COLOR="1")
+    return subprocess.run([sys.executable, "-m", "kernelcraft.cli", *args], check=False, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads([ln for ln in stdout.splitlines() if ln.strip()][-1])
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+def opts(**kw) -> BenchOptions:
+    base = {"device": "cpu", "baselines": "eager", "trials": 2, "eval_time_s": 0.3, "remeasure_above": None, "jobs": 1}
+    return BenchOptions(**{**base, **kw})
+
+
+# ---- metrics --------------------------------------------------------------------------------------------
+
+def test_metrics_definitions():
+    rows = [{"correct": True, "speedup": 3.0, "speedup_vs_compile": 1.5},
+            {"correct": True, "speedup": 0.5, "speedup_vs_compile": 0.25},
+            {"correct": True, "speedup": 1.0, "speedup_vs_compile": 1.0},
+            {"correct": False, "speedup": None, "speedup_vs_compile": None}]
+    m = metrics(rows, vs_compile=True)
+    assert (m["tasks"], m["correct"], m["correct_rate"]) == (4, 3, 0.75)
+    # fast_p: correct AND speedup > p (strictly), over all tasks
+    assert m["fast_p"] == {"0": 0.75, "0.5": 0.5, "0.8": 0.5, "1": 0.25, "1.5": 0.25, "2": 0.25}
+    assert m["fast_p_vs_compile"] == {"0": 0.75, "0.5": 0.5, "0.8": 0.5, "1": 0.25, "1.5": 0.0, "2": 0.0}
+    assert math.isclose(m["geomean_speedup"], (3.0 * 0.5 * 1.0 * 1.0) ** 0.25)  # the failure counts as 1.0
+    assert math.isclose(m["geomean_speedup_correct"], (3.0 * 0.5 * 1.0) ** (1 / 3))
+    assert m["median_speedup"] == 1.0 and m["median_speedup_correct"] == 1.0
+    assert math.isclose(m["geomean_speedup_vs_compile"], (1.5 * 0.25) ** 0.25)
+    empty = metrics([])
+    assert empty["tasks"] == 0 and empty["fast_p"]["1"] is None and empty["geomean_speedup"] is None
+
+
+# ---- sources --------------------------------------------------------------------------------------------
+
+def test_builtin_sources_and_tier_default():
+    from kernelcraft.task import builtin_names
+
+    assert [i.name for i in resolve("tiny/level1", device="cpu").items] == builtin_names("tiny", 1)
+    assert [i.name for i in resolve("level2", device="cpu").items] == builtin_names("tiny", 2)  # tiny on a CPU
+    assert [i.name for i in resolve("level2", device="cuda").items] == builtin_names("gpu", 2)
+    assert len(resolve("gpu", device="cpu").items) == len(builtin_names("gpu"))
+    one = resolve("tiny/level1/relu", device="cpu")
+    assert [(i.name, i.level) for i in one.items] == [("tiny/level1/relu", 1)]
+    for bad in ("tiny/level9", "nope", "gpu/level1/no_such_task"):
+        with pytest.raises(BenchError):
+            resolve(bad, device="cpu")
+    with pytest.raises(BenchError, match="not found"):
+        resolve("no/such/dir", device="cpu")
+
+
+def _kernelbench_dir(root: Path) -> Path:
+    (root / "level1").mkdir(parents=True)
+    (root / "level2").mkdir()
+    shutil.copy(TASKS / "tiny_elementwise.py", root / "level1" / "1_tiny_elementwise.py")
+    shutil.copy(TASKS / "tiny_diag_matmul.py", root / "level1" / "2_tiny_diag_matmul.py")
+    shutil.copy(TASKS / "guard_slow.py", root / "level2" / "1_guard_slow.py")
+    (root / "level2" / "2_broken.py").write_text("import torch\n\nclass Model:\n    pass\n")  # no get_inputs
+    (root / "level1" / "__init__.py").write_text("")
+    return root
+
+
+def test_pairs_source_rows(tmp_path):
+    src = resolve(str(write_pairs(tmp_path / "pairs.jsonl")), device="cpu")
+    assert src.kind == "pairs"
+    names = [i.name for i in src.items]
+    assert names == ["level1/task1", "level1/task2", "level1/task3", "line4", "level2/task4", "level2/task5",
+                     "level2/task6", "level3/task8"]
+    by = {i.name: i for i in src.items}
+    assert "not valid JSON" in by["line4"].error and "no ref_code" in by["level3/task8"].error
+    assert by["level2/task6"].missing and "null" in by["level2/task6"].missing
+    assert by["level1/task1"].extra == {"level_id": 1, "task_id": 1, "score_default": 9.9, "note": "kept"}
+    assert (by["level2/task5"].level, by["level2/task5"].task_id) == (2, 5)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"ref_code": "x = 1\n", "custom_code": "y"}) + "\n"
+                   + json.dumps({"ref_code": _text(TASKS / "tiny_elementwise.py"), "custom_code": 3}) + "\n"
+                   + json.dumps({"ref_code": _text(TASKS / "tiny_elementwise.py"), "custom_code": "z",
+                                 "level_id": "one"}) + "\n" + "[1, 2]\n")
+    errs = [i.error for i in resolve(str(bad), device="cpu").items]
+    assert "not a KernelBench task" in errs[0] and "custom_code must be" in errs[1]
+    assert "level_id must be an integer" in errs[2] and "expected a JSON object" in errs[3]
+
+
+def test_directory_and_candidate_layouts(tmp_path):
+    kb = _kernelbench_dir(tmp_path / "KernelBench")
+    src = resolve(str(kb), device="cpu")
+    assert [(i.name, i.level, i.task_id) for i in src.items] == [
+        ("level1/1_tiny_elementwise", 1, 1), ("level1/2_tiny_diag_matmul", 1, 2), ("level2/1_guard_slow", 2, 1),
+        ("level2/2_broken", 2, 2)]
+    assert src.items[3].error and "missing get_inputs" in src.items[3].error
+    assert not src.has_candidates  # no candidates: the bench would optimize each task
+
+    stems = tmp_path / "stems"
+    (stems / "level1").mkdir(parents=True)
+    shutil.copy(LEGIT / "torch_elementwise.py", stems / "1_tiny_elementwise.py")  # <stem>.py
+    shutil.copy(LEGIT / "diag_matmul_rowscale.py", stems / "level1" / "2_tiny_diag_matmul.py")  # mirrored path
+    shutil.copy(LEGIT / "matmul_mm.py", stems / "unrelated.py")
+    src = resolve(str(kb), device="cpu", candidates=stems)
+    by = {i.name: i for i in src.items}
+    assert by["level1/1_tiny_elementwise"].candidate == _text(LEGIT / "torch_elementwise.py")
+    assert by["level1/2_tiny_diag_matmul"].candidate == _text(LEGIT / "diag_matmul_rowscale.py")
+    assert by["level2/1_guard_slow"].candidate is None and "no candidate" in by["level2/1_guard_slow"].missing
+    assert any("unrelated.py" in n for n in src.notes)
+
+    builtin = resolve("tiny/level1/relu", device="cpu", candidates=stems)  # built-in names match by stem too
+    assert builtin.items[0].missing
+
+
+def test_kernelbench_run_layout_bench(tmp_path, cache_dir):
+    kb = _kernelbench_dir(tmp_path / "KernelBench")
+    runs = tmp_path / "runs" / "my_run"
+    runs.mkdir(parents=True)
+    shutil.copy(LEGIT / "torch_elementwise.py", runs / "level_1_problem_1_sample_0_kernel.py")
+    shutil.copy(FAULTS / "value_mismatch.py", runs / "level_1_problem_1_sample_1_kernel.py")
+    shutil.copy(LEGIT / "diag_matmul_rowscale.py", runs / "level_1_problem_2_sample_0_kernel.py")
+    shutil.copy(LEGIT / "torch_elementwise.py", runs / "level_3_problem_7_sample_0_kernel.py")
+    src = resolve(str(kb), device="cpu", candidates=runs)
+    assert [i.name for i in src.items] == ["level1/1_tiny_elementwise@sample0", "level1/1_tiny_elementwise@sample1",
+                                           "level1/2_tiny_diag_matmul", "level2/1_guard_slow", "level2/2_broken"]
+    assert any("level_3_problem_7" in n for n in src.notes)
+    s = run(src, tmp_path / "out", opts())
+    st = {r["item"]: (r["status"], r["reasons"]) for r in s["items"]}
+    assert st == {"level1/1_tiny_elementwise@sample0": ("correct", []),
+                  "level1/1_tiny_elementwise@sample1": ("incorrect", ["value_mismatch"]),
+                  "level1/2_tiny_diag_matmul": ("correct", []),
+                  "level2/1_guard_slow": ("no_candidate", ["no_candidate"])}
+    assert (s["tasks"], s["correct"], s["input_errors"]) == (4, 2, 1)
+    assert s["by_level"]["1"]["tasks"] == 3 and s["by_level"]["2"]["correct"] == 0
+
+
+# ---- the bench end to end -------------------------------------------------------------------------------
+
+def test_pairs_bench_counts_and_fast_p(tmp_path, cache_dir):
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    out = tmp_path / "out"
+    r = kc("bench", str(pairs), *FAST, "--baselines", "eager,cudagraph", "--baselines-only",
+           "--out", str(tmp_path / "unused"), "--json")  # (cudagraph is skipped on a CPU, not an error)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert last_json(r.stdout)["baselines"]["skipped"] == {"cudagraph": "needs a CUDA device (CUDA-graph replay)"}
+    r = kc("bench", str(pairs), *FAST, "--baselines", "eager", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = last_json(r.stdout)
+    assert {"tasks", "correct", "fast_p", "geomean_speedup", "median_speedup", "by_level"} <= set(s)
+    assert "items" not in s  # per-task rows live in OUT/summary.json
+    assert (s["tasks"], s["correct"], s["input_errors"], s["items_total"]) == (6, 2, 2, 8)
+    assert s["statuses"] == {"correct": 2, "incorrect": 2, "rejected": 1, "no_candidate": 1}
+    assert {"value_mismatch", "timer_tampering", "lazy_output", "no_candidate"} <= set(s["reasons"])
+    sixth = 1 / 6
+    assert s["fast_p"] == pytest.approx({"0": 2 * sixth, "0.5": sixth, "0.8": sixth, "1": sixth, "1.5": sixth,
+                                         "2": sixth})
+    assert s["by_level"]["1"]["tasks"] == 3 and s["by_level"]["1"]["correct"] == 2
+    assert s["by_level"]["2"]["tasks"] == 3 and s["by_level"]["2"]["correct"] == 0
+    assert s["fast_p_vs_compile"] is None  # no compile baseline asked for
+
+    lines = read_lines(out / "verdicts.jsonl")
+    assert len(lines) == 8 and len({ln["key"] for ln in lines}) == 8
+    by = {ln["item"]: ln for ln in lines}
+    fast, slow = by["level1/task1"]["speedup"], by["level1/task2"]["speedup"]
+    assert fast > 2 and slow < 0.5
+    assert s["geomean_speedup"] == pytest.approx((fast * slow) ** (1 / 6))
+    assert s["geomean_speedup_correct"] == pytest.approx((fast * slow) ** 0.5)
+    assert by["level1/task1"]["extra"] == {"level_id": 1, "task_id": 1, "score_default": 9.9, "note": "kept"}
+    assert by["level2/task4"]["status"] == "rejected" and by["level2/task5"]["reasons"] == ["lazy_output"]
+    assert by["line4"]["status"] == "input_error" and by["level3/task8"]["status"] == "input_error"
+    for ln in lines:
+        if ln["status"] != "correct":
+            assert ln["speedup"] is None
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["items"]) == 6
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<script" not in html and html.count("<svg") == 2
+    assert "id='fastp'" in html and "level2/task5" in html and "not valid JSON" in html
+    if CHROMIUM:
+        dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                              f"--user-data-dir={tmp_path / 'chrome'}", "--dump-dom", (out / "report.html").as_uri()],
+                             check=False, capture_output=True, text=True, timeout=120)
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        assert 'id="fastp"' in dom.stdout and 'id="items"' in dom.stdout and "<svg" in dom.stdout
+
+    r = kc("bench", str(pairs), *FAST, "--baselines", "eager", "--out", str(out))  # human output; all resumed
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "f1" in r.stdout and "report.html" in r.stdout and "level 1" not in r.stdout
+
+
+def test_interrupt_then_resume(tmp_path, cache_dir):
+    rows = [(TASKS / "tiny_elementwise.py", LEGIT / "torch_elementwise.py"),
+            (TASKS / "tiny_elementwise.py", FAULTS / "value_mismatch.py"),
+            (TASKS / "tiny_diag_matmul.py", LEGIT / "diag_matmul_rowscale.py"),
+            (TASKS / "tiny_elementwise.py", None)]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"task_id": i, "ref_code": _text(t), "custom_code": _text(c) if c else SLOW})
+                             + "\n" for i, (t, c) in enumerate(rows)))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "kernelcraft.cli", "bench", str(pairs), *FAST, "--baselines", "eager", "--out",
+           str(out), "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not read_lines(out / "verdicts.jsonl"):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C after the first verdict landed
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "re-run" in err and "Traceback" not in err
+    before = read_lines(out / "verdicts.jsonl")
+    assert 1 <= len(before) < 4, before
+
+    again = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    s = last_json(again.stdout)
+    after = read_lines(out / "verdicts.jsonl")
+    keys = [ln["key"] for ln in after]
+    assert len(keys) == 4 and len(set(keys)) == 4  # nothing evaluated twice, nothing lost
+    assert after[: len(before)] == before
+    assert (s["resumed"], s["evaluated"]) == (len(before), 4 - len(before))
+    assert (s["tasks"], s["correct"]) == (4, 3)
+
+
+def test_baseline_cache_and_vs_compile(tmp_path, cache_dir):
+    tasks, cands = tmp_path / "tasks", tmp_path / "cands"
+    tasks.mkdir()
+    cands.mkdir()
+    shutil.copy(TASKS / "tiny_elementwise.py", tasks / "tiny_elementwise.py")
+    shutil.copy(LEGIT / "torch_elementwise.py", cands / "tiny_elementwise.py")
+    def src():
+        return resolve(str(tasks), device="cpu", candidates=cands)
+
+    first = run(src(), tmp_path / "a", opts(baselines="eager,inductor", baseline_cache=False))
+    b = first["baselines"]
+    assert (b["measured_now"], b["cache_hits"], b["from_run"]) == (1, 0, 0)
+    row = first["items"][0]
+    ind = row["baselines"]["inductor"]
+    assert ind["status"] == "correct", ind
+    assert row["best_compile"] == "inductor"
+    assert row["speedup_vs_compile"] == pytest.approx(row["speedup"] / ind["speedup"])
+    assert first["fast_p_vs_compile"] is not None and first["by_level"]["unknown"]["tasks"] == 1
+
+    other_out = run(src(), tmp_path / "b", opts(baselines="eager,inductor"))  # the shared cache
+    assert (other_out["baselines"]["measured_now"], other_out["baselines"]["cache_hits"]) == (0, 1)
+    assert other_out["items"][0]["baselines"]["inductor"] == ind
+    same_out = run(src(), tmp_path / "a", opts(baselines="eager,inductor"))  # this run's own record
+    assert (same_out["baselines"]["measured_now"], same_out["baselines"]["from_run"]) == (0, 1)
+    assert (same_out["resumed"], same_out["evaluated"]) == (1, 0)
+
+
+def test_optimize_when_no_candidates(tmp_path, cache_dir):
+    src = resolve("tiny/level1/diag_matmul", device="cpu")
+    events = []
+    s = run(src, tmp_path / "out", opts(budget=2, optimize_options={"confirm": 0, "null_control": False}),
+            on_event=lambda kind, **d: events.append(kind))
+    assert s["candidates"] == "optimize" and s["tasks"] == 1
+    rec = read_lines(tmp_path / "out" / "verdicts.jsonl")[0]
+    assert rec["optimize"]["candidates"] == 2 and Path(rec["optimize"]["run_dir"]).is_dir()
+    if rec["optimize"]["status"] == "improved":  # best.py judged afresh, like any candidate
+        assert rec["status"] == "correct" and rec["candidate_path"].endswith("best.py")
+    else:
+        assert rec["status"] == "no_candidate"
+    assert "optimize_start" in events and events[-1] == "done"
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, cache_dir):
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("this is not json\nnor this\n")
+    cases = [
+        (["bench", str(tmp_path / "nope.jsonl")], "not found"),
+        (["bench", "tiny/level9"], "unknown SOURCE"),
+        (["bench", str(pairs), "--baselines", "eager,bogus"], "unknown baseline"),
+        (["bench", str(pairs), "--candidates", str(tmp_path)], "does not apply"),
+        (["bench", str(empty)], "no pairs"),
+        (["bench", str(garbage)], "not a pairs file"),
+        (["bench", str(pairs), "--device", "tpu"], "unknown device"),
+        (["bench", "tiny/level1", "--candidates", str(tmp_path / "missing")], "not a directory"),
+    ]
+    runner = CliRunner()
+    for args, needle in cases:
+        r = runner.invoke(app, args + ["--out", str(tmp_path / "o"), "--device", "cpu"] if "--device" not in args
+                          else args + ["--out", str(tmp_path / "o")])
+        assert r.exit_code == 2, (args, r.output)
+        err = (r.stderr if hasattr(r, "stderr") else r.output).strip()
+        assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err, (args, err)
+    # the same --out with another measurement protocol is refused (no evaluations: eager only, baselines only)
+    base = ["bench", str(pairs), "--device", "cpu", "--baselines", "eager", "--baselines-only", "--out",
+            str(tmp_path / "p")]
+    assert runner.invoke(app, base + ["--trials", "2"]).exit_code == 0
+    r = runner.invoke(app, base + ["--trials", "3"])
+    assert r.exit_code == 2 and "other settings" in r.stderr
+
+
+# ---- GPU --------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_bench_gpu_with_cudagraph_baseline(tmp_path, cache_dir):
+    tasks, cands = tmp_path / "tasks" / "level1", tmp_path / "cands"
+    tasks.mkdir(parents=True)
+    cands.mkdir()
+    shutil.copy(TASKS / "tiny_diag_matmul.py", tasks / "1_tiny_diag_matmul.py")
+    shutil.copy(TASKS / "tiny_elementwise.py", tasks / "2_tiny_elementwise.py")
+    shutil.copy(LEGIT / "diag_matmul_rowscale.py", cands / "1_tiny_diag_matmul.py")
+    shutil.copy(LEGIT / "torch_elementwise.py", cands / "2_tiny_elementwise.py")
+    r = kc("bench", str(tmp_path / "tasks"), "--candidates", str(cands), "--device", "cuda",
+           "--baselines", "eager,inductor,cudagraph", "--eval-time", "1", "--trials", "3", "--remeasure-above", "0",
+           "--out", str(tmp_path / "out"), "--json", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = last_json(r.stdout)
+    assert s["baselines"]["names"] == ["eager", "inductor", "cudagraph"] and not s["baselines"]["skipped"]
+    assert s["tasks"] == 2 and s["correct"] == 2, s["statuses"]
+    assert s["device"].startswith("cuda ")
+    items = json.loads((tmp_path / "out" / "summary.json").read_text())["items"]
+    for row in items:
+        assert row["baselines"]["cudagraph"]["status"] == "correct", row
+        assert row["baselines"]["inductor"]["status"] == "correct", row
+        assert row["speedup_vs_compile"] is not None
+    assert s["fast_p_vs_compile"] is not None
+    assert s["baselines"]["summary"]["cudagraph"]["correct"] == 2
