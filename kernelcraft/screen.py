@@ -40,7 +40,21 @@ STATE_CALLS = {"torch.set_num_threads", "torch.set_num_interop_threads", "torch.
 # introspection that reaches the reference or other functions' insides
 INTROSPECTION_ATTRS = {"__code__", "__closure__", "cell_contents", "__globals__", "__subclasses__", "__wrapped__"}
 ALLOWED_TORCH_ASSIGN = ("torch.backends.cudnn.benchmark", "torch._dynamo.config", "torch._inductor.config")
-_GLOBAL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
+_GLOBAL_RE = re.compile(r"\b__global__\b")
+_LAUNCH_BOUNDS_RE = re.compile(r"__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)")
+_DECL_NAME_RE = re.compile(r"[^(;{}]*?(\w+)\s*\(", re.S)
+
+
+def cuda_kernel_names(source: str) -> list[str]:
+    """Names of `__global__` functions, whatever sits between `__global__` and the name: `void`, a
+    `__launch_bounds__(...)` before or after it, `static`, `extern "C"`, a templated return type."""
+    names: list[str] = []
+    for m in _GLOBAL_RE.finditer(source):
+        decl = _LAUNCH_BOUNDS_RE.sub(" ", source[m.end():m.end() + 600])
+        d = _DECL_NAME_RE.match(decl)
+        if d and d.group(1) not in names:
+            names.append(d.group(1))
+    return names
 
 
 @dataclass
@@ -95,7 +109,7 @@ def screen(source: str, mode: str = "open") -> Screening:
     al = _Aliases()
     al.visit(tree)
     aliases = al.map
-    s = Screening(kernel_names=_GLOBAL_RE.findall(source))
+    s = Screening(kernel_names=cuda_kernel_names(source))
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]

@@ -181,3 +181,23 @@ class ModelNew(torch.nn.Module):
         return x
 """
     assert reasons(src, "strict") == []
+
+
+def test_kernel_names_whatever_the_declaration_style():
+    # a legitimate strict-mode kernel must be recognised when it runs: a wrong name here means a false
+    # `no_custom_kernel` (the H100 throughput run found `__launch_bounds__` after `void` read as the name)
+    from kernelcraft.screen import cuda_kernel_names
+
+    src = r'''
+__global__ void __launch_bounds__(BLOCK) chain_vec4(const float4* __restrict__ x, float4* y, int64_t n4) {}
+__global__ void __launch_bounds__(256, 2) lb_two(float* x) {}
+template <int B> __global__ void templated(float* x) {}
+extern "C" __global__ void c_linkage(float* x);
+extern "C" __global__ void c_linkage(float* x) {}
+static __global__ __launch_bounds__(MAX(128, 64)) void nested_bounds(float* x) {}
+__global__
+void split_lines(
+    float* x) {}
+'''
+    assert cuda_kernel_names(src) == ["chain_vec4", "lb_two", "templated", "c_linkage", "nested_bounds",
+                                      "split_lines"]
