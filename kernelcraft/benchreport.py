@@ -1,4 +1,4 @@
-"""The bench report: one self-contained HTML page from a bench summary (`bench._summarise`).
+"""The bench report: one self-contained HTML page from a bench summary (`benchmetrics.summarise`).
 
 Design decisions
 - Same rules as `report.py` (whose styles it reuses): no dependencies, no network, no JavaScript;
