@@ -59,9 +59,9 @@ BENCH_STATUSES = ("no_candidate", "input_error")
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C: finished verdicts are on disk; rerun the same command to resume."""
 
-    def __init__(self, done: int, out: Path):
-        super().__init__(f"interrupted with {done} verdict(s) kept in {out}")
-        self.done, self.out = done, out
+    def __init__(self, done: int, out: Path, baselines: int = 0):
+        super().__init__(f"interrupted with {done} verdict(s) and {baselines} new baseline verdict(s) kept in {out}")
+        self.done, self.out, self.baselines = done, out, baselines
 
 
 @dataclass
@@ -175,6 +175,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
     optimize_cfg = {"policy": opts.policy, "budget": opts.budget, **opts.optimize_options}
     lock = _Lock(out)
     log = base_log = cache = pool = None
+    stats = {"from_run": 0, "cache_hits": 0, "measured_now": 0}
     try:
         _check_meta(out, source, devname, protocol, optimize_cfg)
         items = source.items[: opts.limit] if opts.limit else list(source.items)
@@ -215,7 +216,6 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                 tasks.setdefault(it.task.sha256, it.task)
         base: dict[tuple[str, str], dict] = {}
         todo_base: list[tuple[str, str, str]] = []  # (task sha, baseline, cache key)
-        stats = {"from_run": 0, "cache_hits": 0, "measured_now": 0}
         evaluated = 0
         for sha in tasks:
             for b in wanted:
@@ -330,7 +330,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
         from kernelcraft.runner import kill_live_workers
 
         kill_live_workers()
-        raise Interrupted(len(log.records) if log else 0, out) from None
+        raise Interrupted(len(log.records) if log else 0, out, stats.get("measured_now", 0)) from None
     finally:
         if pool is not None:
             pool.close(cancel=True, wait=False)

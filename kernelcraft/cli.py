@@ -470,9 +470,10 @@ def bench_cmd(
         _usage_error(str(e))
     except (Interrupted, KeyboardInterrupt) as e:
         progress.stop()
-        kept = f"{e.done} finished verdict(s) kept" if isinstance(e, Interrupted) else "finished verdicts kept"
-        console.print(f"[yellow]interrupted[/yellow]: {kept} in {out_dir}/verdicts.jsonl; "
-                      "re-run the same command to resume")
+        kept = (f"{e.done} finished verdict(s) kept in {out_dir}/verdicts.jsonl"
+                + (f", {e.baselines} new baseline verdict(s) in baselines.jsonl" if e.baselines else "")
+                if isinstance(e, Interrupted) else f"finished verdicts kept in {out_dir}")
+        console.print(f"[yellow]interrupted[/yellow]: {kept}; re-run the same command to resume")
         raise typer.Exit(130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
