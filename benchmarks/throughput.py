@@ -11,8 +11,10 @@ What it measures, in a fresh cache directory (so "cold" is cold):
    KernelBench-style harness does — over `--baseline` distinct cold candidates, then the same ones again
    (cache hits, one at a time).
 2. pool, cold: `--n` distinct candidates submitted at once to `kernelcraft.pool.Pool` (build slots =
-   `--build-workers`, default one per core; one timing slot per GPU, `--per-gpu` to overlap worker
-   start-up), from first submission to last verdict.
+   `--build-workers`, default one per core; timing slots per GPU = `--per-gpu`, default the pool's 2,
+   where the device lock covers each worker's whole GPU phase and the second slot overlaps worker
+   start-up), from first submission to last verdict. Results are saved after every phase, and SIGINT
+   (e.g. `timeout -s INT`) reports the phases that finished.
 3. pool, cache hit: the same `--n` candidates again (every build is found in the cache).
 Each phase reports candidates/minute, seconds per candidate, statuses, mean build_s seen by the timing
 evaluation, and how many verdicts were re-measured (speedups above `--remeasure-above` are timed twice
@@ -243,7 +245,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=64, help="distinct candidates per pool phase")
     ap.add_argument("--baseline", type=int, default=3, help="candidates for the one-at-a-time baseline (0: skip)")
     ap.add_argument("--gpus", default=None, help="comma-separated GPU counts to scale over, e.g. 1,2,4")
-    ap.add_argument("--per-gpu", type=int, default=1, help="timing slots per GPU (2 overlaps worker start-up)")
+    ap.add_argument("--per-gpu", type=int, default=None,
+                    help="timing slots per GPU (default: the pool's, 2: the second overlaps worker start-up)")
     ap.add_argument("--build-workers", type=int, default=None, help="build slots (default: cores)")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--time-budget", type=float, default=3.0, help="timing budget per evaluation, s")
@@ -269,12 +272,17 @@ def main() -> int:
     results = {"device": args.device, "gpu": torch.cuda.get_device_name(0) if gpu else None, "gpus_visible": n_gpus,
                "cores": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda, "task": task,
                "options": {k: v for k, v in vars(args).items()}, "cache_dir": str(cache), "phases": {}}
+    def save() -> None:  # after every phase: a run stopped by a time limit keeps what it measured
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=2))
+
     try:
         if args.baseline:
             print(f"baseline: {args.baseline} candidate(s) one at a time ...", flush=True)
             cold, hit = one_at_a_time(task, [make(i, f"b{salt}") for i in range(args.baseline)],
                                       {**opts, "device": "cuda:0" if gpu else "cpu"}, cache)
             results["phases"]["baseline_cold"], results["phases"]["baseline_hit"] = cold, hit
+            save()
             print(json.dumps({"baseline_cold": cold, "baseline_hit": hit}, indent=1), flush=True)
         for k in scales:
             devices = [f"cuda:{i}" for i in range(k)] if gpu else "cpu"
@@ -285,14 +293,16 @@ def main() -> int:
             results["phases"][f"pool_{k}gpu_cold" if gpu else "pool_cpu_cold"] = cold
             results["phases"][f"pool_{k}gpu_hit" if gpu else "pool_cpu_hit"] = hit
             results["phases"][f"pool_{k}gpu_stats" if gpu else "pool_cpu_stats"] = stats
+            save()
             print(json.dumps({"cold": cold, "hit": hit}, indent=1), flush=True)
+    except KeyboardInterrupt:  # SIGINT from `timeout -s INT`: report the phases that finished
+        results["interrupted"] = True
+        print("interrupted: reporting the finished phases", file=sys.stderr)
     finally:
         if not args.cache_dir:
             shutil.rmtree(cache, ignore_errors=True)
-    text = json.dumps(results, indent=2)
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+    save()
+    print(json.dumps(results, indent=2))
     if args.markdown:
         print("\n| phase | candidates | wall s | candidates/min | s/candidate | correct | re-measured |")
         print("|---|---|---|---|---|---|---|")

@@ -188,7 +188,7 @@ def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, t
                    lock_path=str(root / "locks" / (f"gpu-{socket.gethostname()}-{visible}.lock" if visible
                                                    else f"cpu-{socket.gethostname()}.lock")))
         out = runner.run_worker(job, work, root, visible, timeout_s, build_timeout_s)
-        verdict = _assemble(base, out, timeout_s, build_timeout_s)
+        verdict = _assemble(base, out, timeout_s, build_timeout_s, expect={"trials": trials, "timing": timing})
         if screen:
             verdict.guards = ["screen"] + verdict.guards
     verdict.wall_s = time.perf_counter() - t0
@@ -209,7 +209,11 @@ def _work_dir(root: Path, prefix: str, files: dict[str, str], keep: bool = False
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _assemble(base: dict, out: runner.WorkerOutcome, timeout_s: float, build_timeout_s: float) -> Verdict:
+def _assemble(base: dict, out: runner.WorkerOutcome, timeout_s: float, build_timeout_s: float,
+              expect: dict | None = None) -> Verdict:
+    """The verdict from a worker's outcome. `expect` (trials, timing) is what an honest `correct` must carry:
+    a worker that says `correct` without every trial passed (or without timing when timing was asked for)
+    was tampered with from inside, whatever path led there."""
     res = out.result
     if res is None:
         env = _env(None)
@@ -233,6 +237,16 @@ def _assemble(base: dict, out: runner.WorkerOutcome, timeout_s: float, build_tim
     timing = Timing(**{k: t[k] for k in Timing.model_fields if k in t}) if t else None
     corr = Correctness(**res["correctness"]) if res.get("correctness") else None
     status = res["status"]
+    if status == "correct" and expect is not None:
+        short = (corr is None or corr.passed != corr.trials or corr.trials != expect["trials"]
+                 or (expect["timing"] and timing is None))
+        if short:
+            return Verdict(**base, status="rejected", reasons=["global_state_tampering"], env=env,
+                           correctness=corr, build_s=res.get("build_s", 0.0), guards=res.get("guards", []),
+                           message="the worker reported `correct` without "
+                                   + ("timing" if corr is not None and corr.passed == corr.trials == expect["trials"]
+                                      else "passing every correctness trial")
+                                   + ": the harness was tampered with from inside the worker")
     if status == "correct" and timing is None:
         speedup = None
     else:

@@ -467,6 +467,9 @@ class _device_lock:
 
 
 def main() -> None:
+    # Bound before any candidate code runs: a candidate that patches this module (it is `__main__`) or
+    # the guards through sys.modules cannot change how its outcome is classified or what is sent.
+    classify_, send, verify, reject = classify, Channel.send, guards.ProcessState.verify, Reject
     job = json.loads(sys.stdin.readline())
     sys.stdin.close()
     os.close(0)
@@ -477,15 +480,24 @@ def main() -> None:
     t0 = time.perf_counter()
     try:
         result = ev.probe() if job.get("probe") else ev.build_only() if job.get("build_only") else ev.run()
-        out = dict(status="correct", reasons=[], message="", **result)
+        out = {"status": "correct", "reasons": [], "message": "", **result}
     except BaseException as e:  # noqa: BLE001 - every failure becomes a verdict
-        rej = classify(e, ev.phase, ev.candidate_path, ev.build)
-        out = dict(status=rej.status, reasons=rej.reasons, message=rej.message, **ev.result)
+        rej = classify_(e, ev.phase, ev.candidate_path, ev.build)
+        out = {"status": rej.status, "reasons": rej.reasons, "message": rej.message, **ev.result}
         if ev.device.type == "cuda" and "cuda_error" in rej.reasons:
             out["context_poisoned"] = True
+    state = getattr(ev, "state", None)
+    if state is not None:  # whatever the path (a failure skips run()'s own check): the harness is intact
+        try:
+            verify(state)
+        except reject as r:
+            out.update(status=r.status, reasons=r.reasons, message=r.message)
+        except BaseException as e:  # noqa: BLE001 - a harness that cannot check itself was tampered with
+            out.update(status="rejected", reasons=["global_state_tampering"],
+                       message=f"the harness's state check failed after the candidate ran: {type(e).__name__}")
     out.update(build_s=ev.build.build_s, worker_s=time.perf_counter() - t0, phase=ev.phase)
     out.setdefault("build_cache", {"builds": ev.build.builds, "hits": ev.build.hits})
-    chan.send("result", result=out)
+    send(chan, "result", result=out)
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: candidate threads/atexit hooks cannot change the outcome
 
