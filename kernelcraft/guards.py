@@ -166,7 +166,8 @@ def _harness_surface(ref_mod) -> dict[str, object]:
     classes defined there. A candidate reaching them through sys.modules must not change anything."""
     out: dict[str, object] = {}
     mods = [(n, sys.modules.get(n)) for n in ("kernelcraft.timing", "kernelcraft.check", "kernelcraft.guards",
-                                               "kernelcraft.tripwires", "kernelcraft.build", "kernelcraft.worker", "__main__")]
+                                               "kernelcraft.tripwires", "kernelcraft.build", "kernelcraft.worker", "__main__",
+                                               "json", "json.encoder")]  # the result channel's serialiser
     mods.append(("reference", ref_mod))
     for name, mod in mods:
         if mod is None:

@@ -147,7 +147,9 @@ def screen(source: str, mode: str = "open") -> Screening:
                 s.add("global_state_tampering", node, f"calls {fn}() (process-wide setting)")
             elif fn in ("setattr", "delattr") and node.args:
                 target = _dotted(node.args[0], aliases)
-                if target and (_under(target, "torch") or any(_under(target, r) for r in CLOCK_ROOTS)):
+                if target and not any(_under(target, a) for a in ALLOWED_TORCH_ASSIGN) and (
+                        _under(target, "torch") or any(_under(target, r) for r in CLOCK_ROOTS)
+                        or _module_rooted(node.args[0], aliases)):
                     code = "timer_tampering" if any(_under(target, r) for r in CLOCK_ROOTS) else \
                         "global_state_tampering"
                     s.add(code, node, f"{fn}() on {target}")
@@ -177,8 +179,20 @@ def _check_store(s: Screening, target: ast.AST, aliases: dict[str, str]) -> None
         return
     if any(_under(path, r) for r in CLOCK_ROOTS):
         s.add("timer_tampering", target, f"assigns {path}")
-    elif _under(path, "torch") and not any(_under(path, a) for a in ALLOWED_TORCH_ASSIGN):
+    elif any(_under(path, a) for a in ALLOWED_TORCH_ASSIGN):
+        return
+    elif _under(path, "torch"):
         s.add("global_state_tampering", target, f"assigns {path}")
+    elif _module_rooted(target, aliases):
+        s.add("global_state_tampering", target, f"assigns {path} (patching an imported module)")
+
+
+def _module_rooted(node: ast.AST, aliases: dict[str, str]) -> bool:
+    """An attribute chain on a name bound by an import (`json.dumps`, `encoder.c_make_encoder`): stores
+    there patch a module the harness shares with the candidate (its serialisation, its clocks, ...)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in aliases
 
 
 def _strict(s: Screening, tree: ast.Module, aliases: dict[str, str]) -> None:

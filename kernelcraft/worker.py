@@ -474,7 +474,16 @@ def main() -> None:
     sys.stdin.close()
     os.close(0)
     nonce = job.pop("nonce")
-    chan = Channel(job.pop("fd"), nonce)
+    fd = job.pop("fd")
+    # If the harness is found tampered with, nothing Python-level can be trusted to write the verdict
+    # (the candidate may have patched the serialiser itself): that line is encoded now and written with a
+    # raw os.write bound now, its message filtered to plain characters by C-level str methods.
+    write, exit_ = os.write, os._exit
+    head, mid, tail = (json.dumps({"nonce": nonce, "type": "result", "result": {
+        "status": "rejected", "reasons": ["@@"], "guards": ["process_state"],
+        "message": "@@"}}) + "\n").encode().split(b"@@")
+    plain = str.maketrans("", "", "".join(chr(c) for c in range(128) if not (chr(c).isalnum() or chr(c) in " ._,:;()[]/=+-'")))
+    chan = Channel(fd, nonce)
     del nonce
     ev = Evaluation(job, chan)
     t0 = time.perf_counter()
@@ -488,13 +497,18 @@ def main() -> None:
             out["context_poisoned"] = True
     state = getattr(ev, "state", None)
     if state is not None:  # whatever the path (a failure skips run()'s own check): the harness is intact
+        tampered = None
         try:
             verify(state)
         except reject as r:
-            out.update(status=r.status, reasons=r.reasons, message=r.message)
-        except BaseException as e:  # noqa: BLE001 - a harness that cannot check itself was tampered with
-            out.update(status="rejected", reasons=["global_state_tampering"],
-                       message=f"the harness's state check failed after the candidate ran: {type(e).__name__}")
+            tampered = (r.reasons, r.message)
+        except BaseException:  # noqa: BLE001 - a harness that cannot check itself was tampered with
+            tampered = (["global_state_tampering"], "the harness's state check failed after the candidate ran")
+        if tampered is not None:
+            codes = '", "'.join(c.translate(plain) for c in tampered[0][:4]) or "global_state_tampering"
+            write(fd, head + codes.encode("ascii", "replace") + mid
+                  + tampered[1][:400].translate(plain).encode("ascii", "replace") + tail)
+            exit_(0)
     out.update(build_s=ev.build.build_s, worker_s=time.perf_counter() - t0, phase=ev.phase)
     out.setdefault("build_cache", {"builds": ev.build.builds, "hits": ev.build.hits})
     send(chan, "result", result=out)
