@@ -496,7 +496,7 @@ def main() -> None:
         if ev.device.type == "cuda" and "cuda_error" in rej.reasons:
             out["context_poisoned"] = True
     state = getattr(ev, "state", None)
-    if state is not None:  # whatever the path (a failure skips run()'s own check): the harness is intact
+    if state is not None and out["status"] != "correct":  # run() ends with this check; a failure skips it
         tampered = None
         try:
             verify(state)
