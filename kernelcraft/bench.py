@@ -36,7 +36,6 @@ Design decisions
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -50,6 +49,7 @@ from pathlib import Path
 from kernelcraft import baselines as bl
 from kernelcraft.benchmetrics import first_line, metrics, summarise
 from kernelcraft.benchsources import BenchError, Item, Source, resolve
+from kernelcraft.optimize import RunLock
 
 __all__ = ["BenchError", "BenchOptions", "Interrupted", "Item", "Source", "default_out", "metrics", "resolve", "run"]
 
@@ -120,20 +120,6 @@ class _Log:
         self.f.close()
 
 
-class _Lock:
-    def __init__(self, out: Path):
-        self.f = open(out / "bench.lock", "w")  # noqa: SIM115 - the lock lives as long as the file is open
-        try:
-            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.f.close()
-            raise BenchError(f"{out} is in use by another `kernelcraft bench` (bench.lock is held)") from None
-
-    def release(self) -> None:
-        fcntl.flock(self.f, fcntl.LOCK_UN)
-        self.f.close()
-
-
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -173,7 +159,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                 "rtol": opts.rtol, "remeasure_above": opts.remeasure_above}
     devname = bl.device_name(dev)
     optimize_cfg = {"policy": opts.policy, "budget": opts.budget, **opts.optimize_options}
-    lock = _Lock(out)
+    lock = RunLock(out, "bench.lock", "bench", BenchError)
     log = base_log = cache = pool = None
     stats = {"from_run": 0, "cache_hits": 0, "measured_now": 0}
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from kernelcraft.report import _CSS, _e
+from kernelcraft.report import _CSS, _e, log_grid
 
 SERIES_COLORS = {"candidate": "#1f5fbf", "inductor": "#c25e00", "inductor-max-autotune": "#7d4e9e",
                  "cudagraph": "#187a3a"}
@@ -36,18 +36,6 @@ def _log_range(values) -> tuple[float, float]:
     if hi - lo < 0.3:
         lo, hi = lo - 0.15, hi + 0.15
     return lo, hi
-
-
-def _grid(out: list, lo: float, hi: float, y, L: int, right: int) -> None:
-    for d in range(math.floor(lo), math.ceil(hi) + 1):
-        for m in (1, 2, 5):
-            v = m * 10 ** d
-            if lo <= math.log10(v) <= hi:
-                yy = y(v)
-                out.append(f"<line x1='{L}' x2='{right}' y1='{yy:.1f}' y2='{yy:.1f}' stroke='#e8e8f0'/>"
-                           f"<text x='{L - 6}' y='{yy + 4:.1f}' text-anchor='end' fill='#556'>{v:g}x</text>")
-    ry = y(1.0)
-    out.append(f"<line x1='{L}' x2='{right}' y1='{ry:.1f}' y2='{ry:.1f}' stroke='#556' stroke-dasharray='5 4'/>")
 
 
 def _series(summary: dict) -> dict[str, list]:
@@ -84,7 +72,7 @@ def distribution_plot(summary: dict, width: int = 1100, height: int = 320) -> st
     out = [(f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
            "role='img' aria-label='speedup distribution' font-family='system-ui,sans-serif' font-size='11'>"),
            f"<rect x='{L}' y='{T}' width='{pw}' height='{ph}' fill='#fbfbfd' stroke='#dde'/>"]
-    _grid(out, lo, hi, y, L, width - R)
+    log_grid(out, lo, hi, y, L, width - R)
     out.append(_legend(series, L, 14))
     fails = []
     for name, vals in series.items():
@@ -119,7 +107,7 @@ def task_bars(summary: dict, height: int = 340) -> str:
     out = [(f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
            "role='img' aria-label='per-task speedups' font-family='system-ui,sans-serif' font-size='10'>"),
            f"<rect x='{L}' y='{T}' width='{width - L - R}' height='{ph}' fill='#fbfbfd' stroke='#dde'/>"]
-    _grid(out, lo, hi, y, L, width - R)
+    log_grid(out, lo, hi, y, L, width - R)
     out.append(_legend(series, L, 14))
     y1 = y(1.0)
     for i, r in enumerate(items):

@@ -114,14 +114,16 @@ def default_jobs(device: str) -> int:
     return max(1, min(4, cores)) if device.startswith("cuda") else (1 if cores < 8 else 2)
 
 
-class _RunLock:
-    def __init__(self, out: Path):
-        self.f = open(out / "run.lock", "w")
+class RunLock:
+    """One process per output directory (a flock on `<out>/<name>`, freed if the holder dies)."""
+
+    def __init__(self, out: Path, name: str = "run.lock", command: str = "optimize", error: type = RunInUse):
+        self.f = open(out / name, "w")
         try:
             fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.f.close()
-            raise RunInUse(f"{out} is in use by another `kernelcraft optimize` (run.lock is held)") from None
+            raise error(f"{out} is in use by another `kernelcraft {command}` ({name} is held)") from None
 
     def release(self) -> None:
         fcntl.flock(self.f, fcntl.LOCK_UN)
@@ -138,7 +140,7 @@ def optimize(task: "str | Path | Task", out: "str | Path", options: Options | No
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     device = opts.device or default_device()
-    lock = _RunLock(out)
+    lock = RunLock(out)
     db = RunDB(out)
     try:
         run = _Run(task, out, db, opts, device, policy, on_event or (lambda kind, **data: None))

@@ -65,6 +65,19 @@ def load_run(run_dir: str | Path) -> dict:
         db.close()
 
 
+def log_grid(out: list, lo: float, hi: float, y, L: int, right: int) -> None:
+    """Log-scale speedup gridlines at 1, 2, 5 x 10^k between 10^lo and 10^hi, and a dashed line at 1x."""
+    for d in range(math.floor(lo), math.ceil(hi) + 1):
+        for m in (1, 2, 5):
+            v = m * 10 ** d
+            if lo <= math.log10(v) <= hi:
+                yy = y(v)
+                out.append(f"<line x1='{L}' x2='{right}' y1='{yy:.1f}' y2='{yy:.1f}' stroke='#e8e8f0'/>"
+                           f"<text x='{L - 6}' y='{yy + 4:.1f}' text-anchor='end' fill='#556'>{v:g}x</text>")
+    ry = y(1.0)
+    out.append(f"<line x1='{L}' x2='{right}' y1='{ry:.1f}' y2='{ry:.1f}' stroke='#556' stroke-dasharray='5 4'/>")
+
+
 def _plot(rows, bar=1.0, width=1100, height=340) -> str:
     pts = [r for r in rows if r.state == "done"]
     if not pts:
@@ -81,16 +94,9 @@ def _plot(rows, bar=1.0, width=1100, height=340) -> str:
     out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
            "role='img' aria-label='speedup over candidates' font-family='system-ui,sans-serif' font-size='11'>",
            f"<rect x='{L}' y='{T}' width='{width - L - R}' height='{ph}' fill='#fbfbfd' stroke='#dde'/>"]
-    for d in range(math.floor(lo), math.ceil(hi) + 1):
-        for m in (1, 2, 5):
-            v = m * 10 ** d
-            if lo <= math.log10(v) <= hi:
-                yy = y(v)
-                out.append(f"<line x1='{L}' x2='{width - R}' y1='{yy:.1f}' y2='{yy:.1f}' stroke='#e8e8f0'/>"
-                           f"<text x='{L - 6}' y='{yy + 4:.1f}' text-anchor='end' fill='#556'>{v:g}x</text>")
+    log_grid(out, lo, hi, y, L, width - R)
     ry = y(1.0)
-    out.append(f"<line x1='{L}' x2='{width - R}' y1='{ry:.1f}' y2='{ry:.1f}' stroke='#556' stroke-dasharray='5 4'/>"
-               f"<text x='{width - R - 4}' y='{ry - 4:.1f}' text-anchor='end' fill='#556'>reference</text>")
+    out.append(f"<text x='{width - R - 4}' y='{ry - 4:.1f}' text-anchor='end' fill='#556'>reference</text>")
     by = T + ph + band / 2 + 4
     out.append(f"<text x='{L - 6}' y='{by + 4:.1f}' text-anchor='end' fill='#b3261e'>failed</text>")
     best, steps = None, []
