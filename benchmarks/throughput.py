@@ -11,9 +11,9 @@ What it measures, in a fresh cache directory (so "cold" is cold):
    KernelBench-style harness does — over `--baseline` distinct cold candidates, then the same ones again
    (cache hits, one at a time).
 2. pool, cold: `--n` distinct candidates submitted at once to `kernelcraft.pool.Pool` (build slots =
-   `--build-workers`, default one per core; timing slots per GPU = `--per-gpu`, default the pool's 2,
-   where the device lock covers each worker's whole GPU phase and the second slot overlaps worker
-   start-up), from first submission to last verdict. Results are saved after every phase, and SIGINT
+   `--build-workers`, default one per core; timing slots per GPU = `--per-gpu`, default the pool's
+   `gpu_slots` (2-6 by cores), where the device lock covers each worker's whole GPU phase and the other
+   slots overlap worker start-up), from first submission to last verdict. Results are saved after every phase, and SIGINT
    (e.g. `timeout -s INT`) reports the phases that finished.
 3. pool, cache hit: the same `--n` candidates again (every build is found in the cache).
 Each phase reports candidates/minute, seconds per candidate, statuses, mean build_s seen by the timing
@@ -209,6 +209,8 @@ def summarize(verdicts, wall: float) -> dict:
             "remeasured": sum("remeasured" in v.guards or "suspicious_speedup" in v.reasons for v in verdicts),
             "median_speedup": (round(statistics.median(s), 3) if (s := [v.speedup for v in verdicts if v.speedup])
                                else None),
+            "median_phases_s": {k: round(statistics.median(v.phases_s.get(k, 0.0) for v in verdicts if v.phases_s), 3)
+                                for k in dict.fromkeys(k for v in verdicts for k in v.phases_s)},
             "failures": [f"{v.status}/{','.join(v.reasons)}: {v.message[:300]}" for v in verdicts
                          if v.status != "correct"][:3]}
 

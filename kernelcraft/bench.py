@@ -16,8 +16,8 @@ Design decisions
 - Every candidate goes through `pool.Pool` (build slots for inline extensions, timing slots per device,
   fresh worker per evaluation), with the same protocol for candidates and baselines (`baselines.py`).
   Work is submitted task by task (its baselines, then its candidates), so an interrupted bench has
-  whole rows. `--jobs` is the pool's timing slots per device: by default the pool's own (2 per GPU, with
-  the device lock covering each worker's whole device phase, so the second slot only overlaps worker
+  whole rows. `--jobs` is the pool's timing slots per device: by default the pool's own (`gpu_slots` per GPU,
+  with the device lock covering each worker's whole device phase, so the other slots only overlap worker
   start-up and imports) and, like `optimize`, 1 on a CPU with fewer than 8 cores. Optimizations run one task at a time
   (each runs its own parallel evaluations), after the pool's work. Results stream in completion order; each is appended to `OUT/verdicts.jsonl` the moment it arrives
   (flushed and fsync'd), keyed by (task SHA-256, candidate SHA-256) — or the optimize settings instead

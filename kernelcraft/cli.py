@@ -428,6 +428,8 @@ def bench_cmd(
                                            "re-running with the same --out resumes"),
     policy: str = typer.Option("recipes", help="optimize policy when no candidates are given"),
     budget: int = typer.Option(8, min=1, help="optimize budget (candidates per task) when no candidates are given"),
+    time_limit: Optional[float] = typer.Option(None, min=1, help="optimize: stop proposing for a task after this many "
+                                               "seconds (its best is still confirmed and judged)"),
     trials: int = typer.Option(5, min=1, help="correctness trials per evaluation"),
     eval_time: Optional[float] = typer.Option(None, help="timing budget per evaluation, s (default 1 cpu / 2 gpu)"),
     timeout: float = typer.Option(180.0, help="seconds allowed per evaluation after the build"),
@@ -459,7 +461,7 @@ def bench_cmd(
     opts = BenchOptions(device=dev, baselines=baselines, trials=trials, eval_time_s=eval_time, timeout_s=timeout,
                         mode=mode, atol=atol, rtol=rtol, remeasure_above=remeasure_above or None, jobs=jobs,
                         limit=limit, baselines_only=baselines_only, baseline_cache=baseline_cache, policy=policy,
-                        budget=budget)
+                        budget=budget, optimize_options={"time_limit_s": time_limit} if time_limit else {})
     out_dir = out_dir or default_out(src)
     progress = _BenchProgress(quiet)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `timeout 500 kernelcraft bench` stops like Ctrl-C

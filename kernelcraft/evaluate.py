@@ -189,6 +189,7 @@ def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, t
                                                    else f"cpu-{socket.gethostname()}.lock")))
         out = runner.run_worker(job, work, root, visible, timeout_s, build_timeout_s)
         verdict = _assemble(base, out, timeout_s, build_timeout_s, expect={"trials": trials, "timing": timing})
+        verdict.phases_s = out.durations()
         if screen:
             verdict.guards = ["screen"] + verdict.guards
     verdict.wall_s = time.perf_counter() - t0

@@ -12,9 +12,9 @@ Design decisions
   a fresh process, so there is nothing to "replace" at the process level.
 - `per_device` > 1 overlaps one evaluation's worker start-up (interpreter, torch, CUDA context) with
   another's GPU work. Only safe when the worker's device lock covers construction and checks as well
-  as timing (`evaluate(..., lock_scope="device")`): then the pool passes it and defaults to 2 slots per
-  GPU; with an `evaluate` that has no such option, the GPU default stays 1 (checks of one candidate must
-  never run beside another's timing).
+  as timing (`evaluate(..., lock_scope="device")`): then the pool passes it and defaults to `gpu_slots`
+  per GPU (2-6 by cores: a start-up takes 5-8 s, a GPU phase 1-5 s); with an `evaluate` that has no such
+  option, the GPU default stays 1 (checks of one candidate must never run beside another's timing).
 - Nothing is lost. Every submission returns a `Future[Verdict]` that is always resolved: a slot that
   raises resolves it with `runtime_error/harness_error`; a watchdog resolves an evaluation that outlives
   its stage deadline (the runner's own limits plus a margin) with `timeout/[timeout, harness_error]`,
@@ -47,6 +47,16 @@ from kernelcraft.verdict import Verdict
 
 POOL_LEVEL = ("cache_dir",)  # evaluate() options a pool owns (not per submission)
 MARGIN_S = 90.0  # beyond the runner's own limits (it may wait 30 s to reap a killed group)
+
+
+def gpu_slots(gpus: int, cores: int | None = None) -> int:
+    """Timing slots per GPU when the worker holds the device from construction to the end of timing.
+    A worker spends ~5-8 s starting (interpreter, torch, CUDA context) off the lock and ~1-5 s on the GPU,
+    so a few workers starting while one holds the device keep the GPU busy. Each start-up takes a core,
+    and a waiting worker holds only a CUDA context (~0.5 GB): up to 6 per GPU, at most a third of the
+    cores per GPU, at least 2."""
+    cores = cores or os.cpu_count() or 2
+    return max(2, min(6, cores // (3 * max(1, gpus))))
 
 
 def needs_build(source: str) -> bool:
@@ -149,7 +159,10 @@ class Pool:
         if not devices:
             raise ValueError("a pool needs at least one device")
         device_lock = "lock_scope" in self._option_names  # the worker can hold the GPU from init to timing
-        per_device = per_device or (2 if device_lock or all(d == "cpu" for d in devices) else 1)
+        if not per_device:
+            gpus = sum(1 for d in devices if d != "cpu")
+            per_device = (gpu_slots(gpus) if device_lock and gpus
+                          else 2 if device_lock or all(d == "cpu" for d in devices) else 1)
         if device_lock and per_device > 1:
             self.defaults.setdefault("lock_scope", "device")
         self.devices = [d for d in devices for _ in range(per_device)]

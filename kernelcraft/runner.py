@@ -45,7 +45,15 @@ class WorkerOutcome:
     log_tail: str = ""
     build_s: float = 0.0
     forged: bool = False
-    phases: list[tuple[str, float]] = field(default_factory=list)
+    phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, s since spawn); ("end", s) last
+
+    def durations(self) -> dict[str, float]:
+        """Seconds spent in each phase; `spawn` is interpreter start-up and imports before the first."""
+        marks = [("spawn", 0.0)] + list(self.phases)
+        spans: dict[str, float] = {}
+        for (name, t), (_, t_next) in zip(marks, marks[1:]):
+            spans[name] = round(spans.get(name, 0.0) + max(0.0, t_next - t), 4)
+        return spans
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -133,6 +141,7 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
                         phase_start = time.monotonic()  # the run clock starts once built and on the device
                 elif msg["type"] == "result":
                     out.result = msg.get("result")
+                    out.phases.append(("end", time.monotonic() - t_start))
             if out.result is not None:
                 break
     finally:

@@ -98,6 +98,8 @@ class Verdict(BaseModel):
     env: Env | None = None
     mode: Literal["open", "strict"] = "open"
     guards: list[str] = Field(default_factory=list, description="runtime guards that ran")
+    phases_s: dict[str, float] = Field(default_factory=dict, description="seconds per worker phase (spawn, "
+                                       "reference, import, wait_device, init, check, time); empty without a worker")
 
     @model_validator(mode="after")
     def _speedup_only_when_correct(self):

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelcraft.pool import LocalBackend, Pool
+from kernelcraft.pool import LocalBackend, Pool, gpu_slots
+from kernelcraft.runner import WorkerOutcome
 from kernelcraft.verdict import Verdict
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -35,6 +36,18 @@ def test_two_workers_crashes_in_the_middle_lose_nothing(cache_dir):
     assert stats["completed"] == len(cands) and stats["queue_depth"] == 0 and stats["harness_errors"] == 0
     assert stats["timing_slots"] == ["cpu", "cpu"] and stats["throughput_per_min"] > 0
     assert all(v.task.endswith("tiny_elementwise.py") and v.device == "cpu" for _, v in seen)
+    ok = dict(seen)[0]
+    # where the worker's time went: start-up, then each phase it announced, up to its result
+    assert list(ok.phases_s)[:2] == ["spawn", "reference"] and "check" in ok.phases_s, ok.phases_s
+    assert all(s >= 0 for s in ok.phases_s.values()) and 0 < sum(ok.phases_s.values()) <= ok.wall_s
+
+
+def test_phase_durations_and_gpu_slots():
+    out = WorkerOutcome(phases=[("reference", 5.0), ("import", 5.5), ("check", 6.0), ("time", 7.5), ("end", 8.0)])
+    assert out.durations() == {"spawn": 5.0, "reference": 0.5, "import": 0.5, "check": 1.5, "time": 0.5}
+    assert WorkerOutcome().durations() == {}
+    # enough workers starting up beside the one on the device, by cores per GPU, within 2..6
+    assert [gpu_slots(1, 16), gpu_slots(1, 2), gpu_slots(8, 128), gpu_slots(1, 64), gpu_slots(4, 16)] == [5, 2, 5, 6, 2]
 
 
 class RecordingBackend(LocalBackend):
