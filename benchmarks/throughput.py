@@ -12,7 +12,7 @@ What it measures, in a fresh cache directory (so "cold" is cold):
    (cache hits, one at a time).
 2. pool, cold: `--n` distinct candidates submitted at once to `kernelcraft.pool.Pool` (build slots =
    `--build-workers`, default one per core; timing slots per GPU = `--per-gpu`, default the pool's
-   `gpu_slots` (2-6 by cores), where the device lock covers each worker's whole GPU phase and the other
+   `gpu_slots` (2-12 by cores), where the device lock covers each worker's whole GPU phase and the other
    slots overlap worker start-up), from first submission to last verdict. Results are saved after every phase, and SIGINT
    (e.g. `timeout -s INT`) reports the phases that finished.
 3. pool, cache hit: the same `--n` candidates again (every build is found in the cache).

@@ -13,7 +13,7 @@ Design decisions
 - `per_device` > 1 overlaps one evaluation's worker start-up (interpreter, torch, CUDA context) with
   another's GPU work. Only safe when the worker's device lock covers construction and checks as well
   as timing (`evaluate(..., lock_scope="device")`): then the pool passes it and defaults to `gpu_slots`
-  per GPU (2-6 by cores: a start-up takes 5-8 s, a GPU phase 1-5 s); with an `evaluate` that has no such
+  per GPU (2-12 by cores: a start-up takes ~10 s, a GPU phase ~1 s); with an `evaluate` that has no such
   option, the GPU default stays 1 (checks of one candidate must never run beside another's timing).
 - Nothing is lost. Every submission returns a `Future[Verdict]` that is always resolved: a slot that
   raises resolves it with `runtime_error/harness_error`; a watchdog resolves an evaluation that outlives
@@ -51,12 +51,13 @@ MARGIN_S = 90.0  # beyond the runner's own limits (it may wait 30 s to reap a ki
 
 def gpu_slots(gpus: int, cores: int | None = None) -> int:
     """Timing slots per GPU when the worker holds the device from construction to the end of timing.
-    A worker spends ~5-8 s starting (interpreter, torch, CUDA context) off the lock and ~1-5 s on the GPU,
-    so a few workers starting while one holds the device keep the GPU busy. Each start-up takes a core,
-    and a waiting worker holds only a CUDA context (~0.5 GB): up to 6 per GPU, at most a third of the
-    cores per GPU, at least 2."""
+    A worker spends ~10 s starting (interpreter, torch, CUDA context, the profiler in strict mode) off the
+    lock and ~1 s on the GPU for a typical candidate, so many workers starting while one holds the device
+    keep the GPU busy (H100, 16 cores: 5 slots gave 15 candidates/min on cache hits, 10 gave 25). Each
+    start-up takes a core, and a waiting worker holds a CUDA context (~0.5 GB): two thirds of the cores
+    per GPU, within 2..12."""
     cores = cores or os.cpu_count() or 2
-    return max(2, min(6, cores // (3 * max(1, gpus))))
+    return max(2, min(12, (2 * cores) // (3 * max(1, gpus))))
 
 
 def needs_build(source: str) -> bool:

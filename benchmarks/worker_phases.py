@@ -1,0 +1,110 @@
+"""Where one evaluation's worker time goes: each harness step of `worker.Evaluation` timed in-process.
+
+Usage:
+    python benchmarks/worker_phases.py --task level2/elementwise_chain --mode strict --throughput-candidate
+    python benchmarks/worker_phases.py --task level1/conv2d                  # the reference as its own candidate
+    python benchmarks/worker_phases.py --task tiny/level1/diag_matmul --candidate my.py --device cpu
+
+Runs the worker's `Evaluation.run()` in this process (no sandbox, no fresh process: a diagnostic, not a
+verdict), `--reps` times, and prints the seconds spent in each step (correctness trials, each guard,
+the own-kernel profile, timing) with a device sync after each, plus the `import torch` time. Every rep
+after the first shows the steady state; the first shows one-time costs a fresh worker pays (CUDA
+context, profiler start, lazy module loading), which is what every real evaluation pays.
+The per-phase split of real evaluations is in each verdict's `phases_s`.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+t0 = time.perf_counter()
+import torch  # noqa: E402
+
+IMPORT_TORCH_S = time.perf_counter() - t0
+
+from kernelcraft import guards, tripwires  # noqa: E402
+from kernelcraft import worker as W  # noqa: E402
+from kernelcraft.screen import screen  # noqa: E402
+from kernelcraft.task import load_task  # noqa: E402
+
+STEPS = [(guards, "poison_free_memory"), (guards, "check_threads"), (guards, "check_escaped_processes"),
+         (guards.ProcessState, "verify"), (guards.ProcessState, "capture"), (W, "compare_outputs"),
+         (tripwires, "profile_kernels")] + [(W.Evaluation, n) for n in (
+             "make_inputs", "run_ref", "run_cand", "_check_forward_signature", "_construct", "_check_own_kernel",
+             "_check", "_time", "_timing_inputs", "run")]
+
+
+def instrument(sync) -> tuple[dict, collections.Counter]:
+    spent: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+    for owner, name in STEPS:
+        fn, label = getattr(owner, name), f"{owner.__name__.rsplit('.', 1)[-1]}.{name}"
+
+        def timed(*a, _fn=fn, _label=label, **k):
+            t = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                sync()
+                spent[_label] += time.perf_counter() - t
+                calls[_label] += 1
+        setattr(owner, name, timed)
+    return spent, calls
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--task", default="level2/elementwise_chain")
+    ap.add_argument("--candidate", help="candidate file (default: the reference itself as ModelNew)")
+    ap.add_argument("--throughput-candidate", action="store_true", help="the CUDA candidate of throughput.py")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--mode", default="open", choices=("open", "strict"))
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--time-budget", type=float, default=1.0)
+    ap.add_argument("--reps", type=int, default=2)
+    args = ap.parse_args()
+
+    task = load_task(args.task)
+    if args.throughput_candidate:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from throughput import cuda_candidate
+        source = cuda_candidate(0, "phases")
+    elif args.candidate:
+        source = Path(args.candidate).read_text()
+    else:
+        source = task.source.replace("class Model(", "class ModelNew(")
+    work = Path(tempfile.mkdtemp(prefix="kc-phases-"))
+    (work / "reference.py").write_text(task.source)
+    (work / "candidate.py").write_text(source)
+    cache = os.environ.get("KERNELCRAFT_CACHE") or str(work / "cache")
+    job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"), device=args.device,
+               trials=args.trials, atol=None, rtol=None, seed=0, mode=args.mode, timing=True, cache_dir=cache,
+               kernel_names=screen(source, args.mode).kernel_names, runtime_guards=True, lock_scope="timing",
+               timing_opts=dict(budget_s=args.time_budget, target=0.01), lock_path=str(work / "device.lock"))
+    cuda = args.device.startswith("cuda")
+    spent, calls = instrument(torch.cuda.synchronize if cuda else (lambda: None))
+    r, w = os.pipe()
+    print(f"import torch {IMPORT_TORCH_S:.2f} s · {task.name} · {args.device} · {args.mode}")
+    for rep in range(args.reps):
+        spent.clear()
+        calls.clear()
+        ev = W.Evaluation(job, W.Channel(os.dup(w), "phases"))
+        try:
+            res = ev.run()
+            outcome = f"correct, {res['timing']['speedup']:.3f}x"
+        except BaseException as e:  # noqa: BLE001 - a diagnostic: report and go on
+            outcome = f"{type(e).__name__}: {e}"
+        os.read(r, 1 << 20)
+        print(f"rep {rep}: {outcome}")
+        for label, s in sorted(spent.items(), key=lambda kv: -kv[1]):
+            print(f"  {label:36s} {s:8.3f} s  x{calls[label]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
