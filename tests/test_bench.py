@@ -333,6 +333,17 @@ def test_optimize_when_no_candidates(tmp_path, cache_dir):
     assert "optimize_start" in events and events[-1] == "done"
 
 
+def test_cli_time_limit_reaches_the_optimize_settings(tmp_path, cache_dir):
+    out = tmp_path / "out"
+    base = ["bench", "tiny/level1/diag_matmul", "--device", "cpu", "--baselines", "eager", "--baselines-only",
+            "--budget", "3", "--out", str(out)]
+    r = kc(*base, "--time-limit", "7")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((out / "bench.json").read_text())["optimize"] == {"policy": "recipes", "budget": 3,
+                                                                      "time_limit_s": 7.0}
+    assert kc(*base, "--time-limit", "0").returncode == 2  # below the minimum: a usage error
+
+
 def test_bad_inputs_are_one_line_errors(tmp_path, cache_dir):
     pairs = write_pairs(tmp_path / "pairs.jsonl")
     empty = tmp_path / "empty.jsonl"
