@@ -107,10 +107,16 @@ def evaluate(
                                 float("inf")) if x is not None)
     if first.status != "correct" or first.speedup is None or first.speedup <= threshold:
         return first
-    second = _evaluate_once(task, candidate, seed=seed + 7919, **opts)
-    final = _reconcile([first, second])
+    runs = [first, _evaluate_once(task, candidate, seed=seed + 7919, **opts)]
+    final = _reconcile(runs)
     if final is None:  # the two disagree: a third worker settles it
-        final = _reconcile([first, second, _evaluate_once(task, candidate, seed=seed + 15887, **opts)])
+        runs.append(_evaluate_once(task, candidate, seed=seed + 15887, **opts))
+        final = _reconcile(runs)
+    # what this evaluation cost, whichever run's numbers are reported: the build (paid by the first run,
+    # the others hit the cache) and the time of every worker, phase by phase
+    final.build_s = max(r.build_s for r in runs)
+    final.phases_s = {k: round(sum(r.phases_s.get(k, 0.0) for r in runs), 4)
+                      for k in dict.fromkeys(k for r in runs for k in r.phases_s)}
     final.wall_s = time.perf_counter() - t0
     return final
 
