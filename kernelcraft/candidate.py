@@ -38,6 +38,12 @@ def load_candidate(spec: "str | Path | Candidate") -> Candidate:
     return Candidate(spec)
 
 
+def needs_build(source: str) -> bool:
+    """Does the candidate compile an extension at import (`load_inline`/`load`)? Such an import may take
+    minutes of nvcc; any other import is quick."""
+    return "load_inline" in source or "cpp_extension" in source
+
+
 def structure_problem(source: str) -> tuple[str, str] | None:
     """(reason, message) if the source cannot be a candidate at all, else None."""
     try:

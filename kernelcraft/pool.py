@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from kernelcraft.candidate import Candidate, load_candidate
+from kernelcraft.candidate import Candidate, load_candidate, needs_build  # noqa: F401 (re-exported)
 from kernelcraft.task import Task, load_task
 from kernelcraft.verdict import Verdict
 
@@ -58,11 +58,6 @@ def gpu_slots(gpus: int, cores: int | None = None) -> int:
     per GPU, within 2..12."""
     cores = cores or os.cpu_count() or 2
     return max(2, min(12, (2 * cores) // (3 * max(1, gpus))))
-
-
-def needs_build(source: str) -> bool:
-    """Does the candidate compile an extension at import (the only kind prebuild can do on a CPU)?"""
-    return "load_inline" in source or "cpp_extension" in source
 
 
 @dataclass(eq=False)

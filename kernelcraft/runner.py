@@ -137,8 +137,8 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
                     out.phase = msg["phase"]
                     out.build_s = msg.get("build_s", out.build_s)
                     out.phases.append((out.phase, time.monotonic() - t_start))
-                    if (prev in BUILD_PHASES + WAIT_PHASES) and out.phase not in BUILD_PHASES:
-                        phase_start = time.monotonic()  # the run clock starts once built and on the device
+                    if prev in WAIT_PHASES or (prev in BUILD_PHASES and out.phase not in BUILD_PHASES):
+                        phase_start = time.monotonic()  # each clock starts after a wait, and once built
                 elif msg["type"] == "result":
                     out.result = msg.get("result")
                     out.phases.append(("end", time.monotonic() - t_start))

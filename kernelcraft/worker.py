@@ -11,9 +11,10 @@ Design decisions
   is never mistaken for a result. Each phase is announced first, so when the process dies the caller
   knows where (build → compile_error, later → runtime_error).
 - The device lock (a flock per GPU) covers timing by default. With `lock_scope="device"` the worker takes
-  it after the imports (phase `wait_device`) and holds it until it exits: construction, checks (and any
+  it (phase `wait_device`) before importing the candidate, or after it when the import compiles an
+  extension (nvcc stays off the lock), and holds it until it exits: construction, checks (and any
   compile or autotuning they trigger) and timing never run beside another evaluation's GPU work, while
-  the next worker's start-up and imports overlap this one. Exiting frees the flock, whatever happened.
+  the next worker's start-up overlaps this one. Exiting frees the flock, whatever happened.
 - Inputs and constructor args come from the reference module only. Both models are constructed after
   seeding the same seed (identical weights); each side gets its own copy of every input.
 - In strict mode on a GPU, the CUDA profiler (which shows whose kernels ran) is started once right after
@@ -69,6 +70,18 @@ def _import_file(path: str, name: str):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def _preload_triton(candidate_path: str) -> None:
+    try:
+        text = Path(candidate_path).read_text()
+    except OSError:
+        return
+    if any(line.lstrip().startswith(("import triton", "from triton")) for line in text.splitlines()):
+        try:
+            importlib.import_module("triton")
+        except Exception:  # noqa: BLE001 - not installed or broken: the candidate's own import will say so
+            pass
 
 
 def _to_device(obj, device):
@@ -172,14 +185,19 @@ class Evaluation:
         self.build.install(count_calls=job.get("mode") == "strict")
         self.state.watch_harness(self.ref_mod)
         verify = guards.ProcessState.verify  # a local: out of reach of a candidate patching the harness
+        # hold the device from construction to the end of timing; from before the import too when the
+        # import compiles nothing, so code the candidate runs at import never overlaps another's timing
+        device_scope = job.get("lock_scope") == "device"
+        if device_scope and not job.get("needs_build", True):
+            _preload_triton(self.candidate_path)  # a trusted library's import (~0.5 s) stays off the lock
+            self._take_device()
         self.enter("import")
         cand_mod = _import_file(self.candidate_path, "kernelcraft_candidate")
         self.result["build_cache"] = {"builds": self.build.builds, "hits": self.build.hits}
         if not isinstance(getattr(cand_mod, "ModelNew", None), type):
             raise Reject("compile_error", ["no_modelnew"], "the candidate defines no class ModelNew")
-        if job.get("lock_scope") == "device":  # hold the device from construction to the end of timing
-            self.enter("wait_device")
-            self.device_lock = _device_lock(job.get("lock_path")).__enter__()  # freed when the process exits
+        if device_scope and self.device_lock is None:  # nvcc at import ran off the lock
+            self._take_device()
         self.enter("init")
         self.ref_model, self.cand_model = self._construct(self.ref_mod.Model, cand_mod.ModelNew)
         self.enter("check")
@@ -189,6 +207,10 @@ class Evaluation:
             self._time()
         verify(self.state, self.result)  # once more, through the binding made before the candidate existed
         return self.result
+
+    def _take_device(self) -> None:
+        self.enter("wait_device")
+        self.device_lock = _device_lock(self.job.get("lock_path")).__enter__()  # freed when the process exits
 
     def build_only(self) -> dict:
         """Import the candidate only, so its inline extensions land in the build cache (no GPU needed:

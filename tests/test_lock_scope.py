@@ -61,3 +61,34 @@ def test_timing_scope_checks_do_not_wait(cache_dir):
 def test_bad_lock_scope_is_a_usage_error():
     with pytest.raises(ValueError, match="lock_scope"):
         evaluate(TASK, CAND, device="cpu", lock_scope="gpu")
+
+
+def test_device_lock_taken_before_import_unless_it_compiles(cache_dir):
+    """Code a candidate runs at import must not overlap another evaluation's GPU work: the lock is taken
+    before the import, except when the import compiles an extension (nvcc stays off the device lock).
+    And a clock after a wait starts afresh: a long wait never eats the import's build budget."""
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent / "fixtures"
+    plain = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, lock_scope="device", cache_dir=cache_dir)
+    assert plain.status == "correct", plain.message
+    order = list(plain.phases_s)
+    assert order.index("wait_device") < order.index("import") < order.index("init"), order
+
+    built = evaluate(fixtures / "tasks" / "guard_elementwise.py", fixtures / "legit" / "guard_cpp_inline_strict.py",
+                     device="cpu", trials=1, timing=False, mode="strict", lock_scope="device", cache_dir=cache_dir)
+    assert built.status == "correct", built.message
+    order = list(built.phases_s)
+    assert order.index("import") < order.index("wait_device") < order.index("init"), order
+
+    lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
+    held = threading.Event()
+    t = threading.Thread(target=_hold_lock, args=(lock, 10.0, held))
+    t.start()
+    held.wait()
+    # build_timeout_s is shorter than the wait: it must start after the wait, not at spawn
+    v = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, timeout_s=5.0, build_timeout_s=8.0,
+                 lock_scope="device", cache_dir=cache_dir)
+    t.join()
+    assert v.status == "correct", v.message
+    assert v.phases_s["wait_device"] >= 8.0, v.phases_s
