@@ -13,8 +13,8 @@ What it measures, in a fresh cache directory (so "cold" is cold):
 2. pool, cold: `--n` distinct candidates submitted at once to `kernelcraft.pool.Pool` (build slots =
    `--build-workers`, default one per core; timing slots per GPU = `--per-gpu`, default the pool's
    `gpu_slots` (2-12 by cores), where the device lock covers each worker's whole GPU phase and the other
-   slots overlap worker start-up), from first submission to last verdict. Results are saved after every phase, and SIGINT
-   (e.g. `timeout -s INT`) reports the phases that finished.
+   slots overlap worker start-up), from first submission to last verdict. Results are saved after every
+   phase, and SIGINT (e.g. `timeout -s INT`) reports the phases that finished.
 3. pool, cache hit: the same `--n` candidates again (every build is found in the cache).
 Each phase reports candidates/minute, seconds per candidate, statuses, mean build_s seen by the timing
 evaluation, and how many verdicts were re-measured (speedups above `--remeasure-above` are timed twice
@@ -248,7 +248,7 @@ def main() -> int:
     ap.add_argument("--baseline", type=int, default=3, help="candidates for the one-at-a-time baseline (0: skip)")
     ap.add_argument("--gpus", default=None, help="comma-separated GPU counts to scale over, e.g. 1,2,4")
     ap.add_argument("--per-gpu", type=int, default=None,
-                    help="timing slots per GPU (default: the pool's, 2: the second overlaps worker start-up)")
+                    help="timing slots per GPU (default: the pool's gpu_slots, 2-12 by cores)")
     ap.add_argument("--build-workers", type=int, default=None, help="build slots (default: cores)")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--time-budget", type=float, default=3.0, help="timing budget per evaluation, s")

@@ -44,6 +44,12 @@ def needs_build(source: str) -> bool:
     return "load_inline" in source or "cpp_extension" in source
 
 
+def preloads(source: str) -> list[str]:
+    """Trusted libraries the candidate imports that the worker may import first, off the device lock."""
+    return ["triton"] if any(line.lstrip().startswith(("import triton", "from triton"))
+                             for line in source.splitlines()) else []
+
+
 def structure_problem(source: str) -> tuple[str, str] | None:
     """(reason, message) if the source cannot be a candidate at all, else None."""
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import kernelcraft
 from kernelcraft import runner
-from kernelcraft.candidate import Candidate, load_candidate, needs_build, structure_problem
+from kernelcraft.candidate import Candidate, load_candidate, needs_build, preloads, structure_problem
 from kernelcraft.screen import screen as static_screen
 from kernelcraft.task import Task, load_task
 from kernelcraft.verdict import Correctness, Env, Timing, Verdict
@@ -190,6 +190,7 @@ def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, t
                    device=dev, trials=trials, atol=atol, rtol=rtol, seed=seed, mode=mode,
                    timing=timing, cache_dir=str(root), kernel_names=scr.kernel_names,
                    runtime_guards=runtime_guards, lock_scope=lock_scope, needs_build=needs_build(cand.source),
+                   preload=preloads(cand.source),
                    timing_opts=dict(budget_s=time_budget_s, target=target_ci, min_rounds=min_rounds),
                    lock_path=str(root / "locks" / (f"gpu-{socket.gethostname()}-{visible}.lock" if visible
                                                    else f"cpu-{socket.gethostname()}.lock")))

@@ -92,3 +92,11 @@ def test_device_lock_taken_before_import_unless_it_compiles(cache_dir):
     t.join()
     assert v.status == "correct", v.message
     assert v.phases_s["wait_device"] >= 8.0, v.phases_s
+
+
+def test_trusted_imports_named_for_preloading_off_the_lock():
+    from kernelcraft.candidate import preloads
+
+    assert preloads("import torch\nimport triton\nimport triton.language as tl\n") == ["triton"]
+    assert preloads("    from triton import jit\n") == ["triton"]
+    assert preloads("import torch\n# triton is not used\n") == []
