@@ -137,3 +137,23 @@ def test_fault_fixture_headers():
             assert status == "correct" and not reasons, p.name
         else:
             assert status in ("runtime_error", "incorrect", "compile_error", "timeout", "rejected") and reasons
+
+
+@pytest.mark.parametrize("which", ["triton", "cuda"])
+def test_device_lock_scope_on_gpu(which, cuda_cold_and_warm):
+    """The pool's scope (lock_scope="device"): correct with timing; a Triton candidate (triton preloaded off
+    the lock) is imported under the lock, an inline-CUDA one is imported (built) before it; and after a
+    CUDA fault under the lock the lock is free again for the next evaluation."""
+    cand = TRITON_CAND if which == "triton" else CUDA_CAND
+    v = evaluate(TASK, cand, lock_scope="device", **OPTS)
+    assert_correct_with_timing(v, cand.name)
+    order = list(v.phases_s)
+    if which == "triton":
+        assert order.index("wait_device") < order.index("import") < order.index("check"), order
+    else:
+        assert order.index("import") < order.index("wait_device") < order.index("check"), order
+    bad = evaluate(TASK, ILLEGAL, lock_scope="device", **{**OPTS, "timing": False})
+    assert bad.status == "runtime_error", f"{bad.status}/{bad.reasons}: {bad.message[:3000]}"
+    again = evaluate(TASK, cand, lock_scope="device", **{**OPTS, "timing": False, "timeout_s": 60.0})
+    assert again.status == "correct", f"{again.status}/{again.reasons}: {again.message[:3000]}"
+    assert again.phases_s["wait_device"] < 5.0, again.phases_s
