@@ -18,8 +18,17 @@ Design decisions
   Work is submitted task by task (its baselines, then its candidates), so an interrupted bench has
   whole rows. `--jobs` is the pool's timing slots per device: by default the pool's own (`gpu_slots` per GPU,
   with the device lock covering each worker's whole device phase, so the other slots only overlap worker
-  start-up and imports) and, like `optimize`, 1 on a CPU with fewer than 8 cores. Optimizations run one task at a time
-  (each runs its own parallel evaluations), after the pool's work. Results stream in completion order; each is appended to `OUT/verdicts.jsonl` the moment it arrives
+  start-up and imports) and, like `optimize`, 1 on a CPU with fewer than 8 cores.
+- Optimizations run after the pool's work, `--task-jobs` tasks at once (threads; each `optimize` run has
+  its own run directory, lock, database and parallel evaluations). One run leaves most of a GPU host idle
+  (its evaluations are mostly worker start-up and CPU work), and several are safe: every evaluation holds
+  the device lock (a cross-process flock) for its whole device phase, so GPU work never overlaps. Default:
+  on a GPU one task per 8 cores, at most 4; on a CPU 1 (concurrent runs would share the cores being
+  timed). The shared policy, unless marked `thread_safe` (`policies`), proposes for one run at a time.
+  Records are logged in the calling thread, in completion order; 1 at a time is the old in-order loop.
+  A failed task or Ctrl-C sets the runs' cancel event: they stop, dropping verdicts that arrive later.
+  Not pinned in `bench.json`: a resume may use another `--task-jobs`.
+- Results stream in completion order; each is appended to `OUT/verdicts.jsonl` the moment it arrives
   (flushed and fsync'd), keyed by (task SHA-256, candidate SHA-256) — or the optimize settings instead
   of a candidate. Resume is that file: a rerun with the same `--out` skips every key already in it.
   Identical pairs are evaluated once and share the record (`items` lists them). Ctrl-C keeps every
@@ -40,10 +49,11 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import as_completed
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kernelcraft import baselines as bl
@@ -82,6 +92,7 @@ class BenchOptions:
     cache_dir: str | None = None
     policy: str = "recipes"
     budget: int = 8
+    task_jobs: int | None = None  # tasks optimized at once (default: default_task_jobs(device))
     optimize_options: dict = field(default_factory=dict)  # more optimize.Options fields
     report: bool = True
 
@@ -132,9 +143,17 @@ def default_out(source: Source) -> Path:
     return Path("runs") / f"bench-{_slug(source.name)}"
 
 
+def default_task_jobs(device: str) -> int:
+    """Tasks optimized at once: on a GPU one per 8 cores (at most 4), on a CPU 1 (see the module docstring)."""
+    return max(1, min(4, (os.cpu_count() or 1) // 8)) if device.startswith("cuda") else 1
+
+
 def run(source: Source, out: str | os.PathLike | None = None, options: BenchOptions | None = None, *,
         on_event: Callable[..., None] | None = None) -> dict:
-    """Run (or resume) a bench into `out` and return the summary (also written to OUT/summary.json)."""
+    """Run (or resume) a bench into `out` and return the summary (also written to OUT/summary.json).
+
+    With more than one task optimized at once, `on_event` also gets called from those runs' threads
+    ("optimize_start", "optimize"), so it must be thread-safe; "result" events come from the calling thread."""
     opts = options or BenchOptions()
     emit = on_event or (lambda kind, **data: None)
     from kernelcraft.evaluate import _env, _resolve_device
@@ -147,6 +166,9 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
         raise BenchError(f"unknown mode {opts.mode!r}: use open or strict")
     if opts.trials < 1:
         raise BenchError("trials must be at least 1")
+    if opts.task_jobs is not None and opts.task_jobs < 1:
+        raise BenchError("task_jobs must be at least 1")
+    opts = replace(opts, task_jobs=opts.task_jobs or default_task_jobs(dev))  # resolved: the summary reports it
     try:
         wanted, skipped = bl.parse(opts.baselines, dev)
     except ValueError as e:
@@ -225,7 +247,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                                                    and g[0].candidate is None]
         emit("start", out=str(out), device=devname, items=len(items), tasks=len(tasks), resumed=resumed,
              total=len(todo_base) + len(todo_items) + len(todo_opt), baselines=wanted, skipped=skipped,
-             baseline_stats=dict(stats), optimize=len(todo_opt), notes=list(source.notes))
+             baseline_stats=dict(stats), optimize=len(todo_opt), task_jobs=opts.task_jobs, notes=list(source.notes))
 
         policy = None
         if todo_opt:  # one policy for every task (an LLM client or a local model is built once), checked first
@@ -235,6 +257,8 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                 policy = make_policy(opts.policy, **opts.optimize_options.get("policy_options", {}))
             except PolicyError as e:
                 raise BenchError(str(e)) from None
+            if opts.task_jobs > 1 and len(todo_opt) > 1 and not getattr(policy, "thread_safe", False):
+                policy = _OneAtATime(policy)
 
         from kernelcraft.pool import Pool
 
@@ -289,13 +313,9 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                 emit("result", what="item", name=group[0].name, status=v["status"], speedup=v["speedup"],
                      message=first_line(v["message"]))
 
-        for key in todo_opt:  # optimize each task (sequentially: each runs its own parallel evaluations)
-            group = groups[key]
-            rec = _optimize_item(group[0], out, opts, dev, eval_opts, pool, env, emit, policy)
-            log.append(_record(rec, group))
-            evaluated += len(group)
-            emit("result", what="item", name=group[0].name, status=rec["status"], speedup=rec["speedup"],
-                 message=first_line(rec["message"]))
+        stop = threading.Event()  # set on Ctrl-C or a failed task: concurrent optimize runs stop
+        evaluated += _optimize_tasks(todo_opt, groups, log, opts.task_jobs, stop, emit, lambda it: _optimize_item(
+            it, out, opts, dev, eval_opts, pool, env, emit, policy, stop))
         pool.close()
         pool = None
         summary = summarise(source, items, log.records, base, wanted, skipped, stats, out, devname, opts,
@@ -362,9 +382,54 @@ def _base_record(verdict: dict, sha: str, name: str, ck: str) -> dict:
     return {**verdict, "key": ck, "baseline": name, "task_sha256": sha}
 
 
+class _OneAtATime:
+    """A policy not marked thread-safe, shared by concurrent optimize runs: one `propose` at a time."""
+
+    def __init__(self, policy):
+        self.policy, self.name, self._lock = policy, getattr(policy, "name", ""), threading.Lock()
+
+    def propose(self, ctx):
+        with self._lock:
+            return self.policy.propose(ctx)
+
+
+def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: threading.Event, emit,
+                    optimize_one: Callable[[Item], dict]) -> int:
+    """Optimize the tasks `keys`, `jobs` at a time (module docstring); returns the items judged. Every record
+    is logged and reported here, in the calling thread, in completion order."""
+    def finished(key: str, rec: dict) -> int:
+        group = groups[key]
+        log.append(_record(rec, group))
+        emit("result", what="item", name=group[0].name, status=rec["status"], speedup=rec["speedup"],
+             message=first_line(rec["message"]))
+        return len(group)
+
+    if min(jobs, len(keys)) <= 1:  # in order, in this thread
+        return sum(finished(key, optimize_one(groups[key][0])) for key in keys)
+    n, futures, logged = 0, {}, set()
+    ex = ThreadPoolExecutor(max_workers=min(jobs, len(keys)), thread_name_prefix="kc-bench-optimize")
+    try:
+        futures = {ex.submit(optimize_one, groups[key][0]): key for key in keys}
+        for f in as_completed(futures):
+            n += finished(futures[f], f.result())
+            logged.add(f)
+    except BaseException as e:
+        ex.shutdown(wait=False, cancel_futures=True)  # nothing more starts, then the running ones stop
+        stop.set()
+        if isinstance(e, KeyboardInterrupt):  # no waiting: the caller kills their workers
+            raise
+        ex.shutdown(wait=True)  # a failed task: the others stop at their next step; keep what finished meanwhile
+        for f, key in futures.items():
+            if f not in logged and f.done() and not f.cancelled() and f.exception() is None:
+                finished(key, f.result())
+        raise
+    ex.shutdown()
+    return n
+
+
 def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, eval_opts: dict, pool, env: dict,
-                   emit, policy) -> dict:
-    from kernelcraft.optimize import Options, RunInUse, optimize
+                   emit, policy, stop: threading.Event | None = None) -> dict:
+    from kernelcraft.optimize import Cancelled, Options, RunInUse, optimize
     from kernelcraft.policies import PolicyError
 
     run_dir = out / "runs" / _slug(it.name)
@@ -373,14 +438,18 @@ def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, eval_opts:
                 **opts.optimize_options)
     emit("optimize_start", name=it.name, run_dir=str(run_dir))
     try:
-        res = optimize(it.task, run_dir, o, policy=policy,
+        res = optimize(it.task, run_dir, o, policy=policy, cancel=stop,
                        on_event=lambda kind, **d: emit("optimize", name=it.name, event=kind, data=d))
     except (RunInUse, PolicyError, ValueError) as e:  # a bad option or a clashing run directory
         raise BenchError(f"optimize {it.name}: {e}") from None
     summary = res.to_json()
     if res.best_path:  # the search's own numbers are its maximum: judge best.py afresh, like any candidate
         source = Path(res.best_path).read_text()
+        if stop is not None and stop.is_set():
+            raise Cancelled(f"optimize {it.name}: cancelled before judging best.py")
         rec = pool.submit(it.task, source, **eval_opts).result().to_json()
+        if stop is not None and stop.is_set():  # its worker may have been killed: not a verdict
+            raise Cancelled(f"optimize {it.name}: cancelled while judging best.py")
         rec.update(candidate_path=res.best_path)
     else:
         why = {"no_improvement": f"optimize found {res.correct} correct candidate(s) but none verified faster than "

@@ -148,6 +148,7 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
         "candidates": "optimize" if not source.has_candidates and source.kind != "pairs" else "given",
         "policy": opts.policy if not source.has_candidates else None,
         "budget": opts.budget if not source.has_candidates else None,
+        "task_jobs": opts.task_jobs if not source.has_candidates else None,  # how it ran, not part of the protocol
         "baselines_only": opts.baselines_only, "protocol": protocol, "resumed": resumed,
         "evaluated": evaluated,
         "wall_s": round(wall, 2), "notes": source.notes, "errors": errors,

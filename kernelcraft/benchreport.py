@@ -216,7 +216,8 @@ def render(summary: dict) -> str:
          f"<title>kernelcraft bench — {_e(s.get('source'))}</title><style>{_CSS}</style></head><body>",
          f"<h1>kernelcraft bench — {_e(s.get('source'))}</h1>",
          f"<div class='sub'>{_e(s.get('device'))} · candidates: <b>{_e(s.get('candidates'))}</b>"
-         + (f" (policy {_e(s.get('policy'))}, budget {_e(s.get('budget'))})" if s.get("candidates") == "optimize" else "")
+         + (f" (policy {_e(s.get('policy'))}, budget {_e(s.get('budget'))}, {_e(s.get('task_jobs') or 1)} task(s) at a "
+            "time)" if s.get("candidates") == "optimize" else "")
          + f" · {proto.get('trials')} trials, {proto.get('time_budget_s')} s timing budget, mode {_e(proto.get('mode'))}"
          + f" · baselines {_e(', '.join(b.get('names') or []) or 'none')}"
          + f" · {s.get('wall_s', 0):.0f} s</div>",

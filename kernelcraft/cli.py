@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -306,7 +307,8 @@ def optimize_cmd(
 # ---- bench (issue 5) -----------------------------------------------------------------------------
 
 class _BenchProgress:
-    """Renders bench events: a progress bar with ETA on stderr, one line per result."""
+    """Renders bench events: a progress bar with ETA on stderr, one line per result. Thread-safe: with
+    `--task-jobs` above 1 the optimize runs' events come from their own threads (one lock around it all)."""
 
     def __init__(self, quiet: bool = False):
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -318,8 +320,14 @@ class _BenchProgress:
                                  transient=True)
         self.bar = None
         self.ok = self.bad = 0
+        self.tag = False  # several tasks optimized at once: optimize lines name their task
+        self._lock = threading.Lock()
 
     def __call__(self, kind: str, **d) -> None:
+        with self._lock:
+            self._render(kind, d)
+
+    def _render(self, kind: str, d: dict) -> None:
         from rich.markup import escape
 
         if kind == "start":
@@ -328,11 +336,12 @@ class _BenchProgress:
             for b, why in d["skipped"].items():
                 console.print(f"[yellow]baseline {b} skipped[/yellow]: {escape(why)}")
             bs = d["baseline_stats"]
+            self.tag = d["optimize"] > 1 and d.get("task_jobs", 1) > 1
+            runs = f"{d['optimize']} optimize run(s)" + (f", {d['task_jobs']} at a time" if self.tag else "")
             console.print(f"bench: {d['items']} item(s), {d['tasks']} task(s) on {escape(d['device'])} · baselines "
                           f"{', '.join(d['baselines']) or 'none'} ({bs['from_run'] + bs['cache_hits']} known) · "
                           + (f"resuming: {d['resumed']} done · " if d["resumed"] else "")
-                          + f"{d['total']} evaluation(s) to run" + (f" ({d['optimize']} optimize run(s))"
-                                                                     if d["optimize"] else "")
+                          + f"{d['total']} evaluation(s) to run" + (f" ({runs})" if d["optimize"] else "")
                           + f" · out {escape(d['out'])}", highlight=False)
             self.progress.start()
             self.bar = self.progress.add_task("bench", total=max(d["total"], 1) if d["total"] else 0)
@@ -351,20 +360,21 @@ class _BenchProgress:
             console.print(f"  optimizing {escape(d['name'])} → {escape(d['run_dir'])}", highlight=False)
         elif kind == "optimize" and not self.quiet:
             e, x = d["event"], d["data"]
+            who = f"{escape(d['name'])}: " if self.tag else ""
             if e == "verdict":
                 sp = f" {x['speedup']:.2f}x" if x.get("speedup") else ""
-                console.print(f"[dim]    candidate #{x.get('id') or '-'} {escape(x['status'])}{sp}[/dim]",
+                console.print(f"[dim]    {who}candidate #{x.get('id') or '-'} {escape(x['status'])}{sp}[/dim]",
                               highlight=False)
             elif e == "done":
-                console.print(f"[dim]    optimize: {escape(x['status'])} after {x['candidates']} candidate(s); "
-                              "judging best.py afresh[/dim]" if x.get("best_path") else
-                              f"[dim]    optimize: {escape(x['status'])} after {x['candidates']} candidate(s)[/dim]",
+                console.print(f"[dim]    {who}optimize: {escape(x['status'])} after {x['candidates']} candidate(s)"
+                              + ("; judging best.py afresh" if x.get("best_path") else "") + "[/dim]",
                               highlight=False)
         elif kind == "done":
             self.progress.stop()
 
     def stop(self) -> None:
-        self.progress.stop()
+        with self._lock:
+            self.progress.stop()
 
 
 def _bench_table(s: dict) -> None:
@@ -439,6 +449,10 @@ def bench_cmd(
     remeasure_above: float = typer.Option(3.0, help="speedups above this are re-measured in fresh workers (0: never)"),
     jobs: Optional[int] = typer.Option(None, min=1, help="evaluations at once per device (default: 1 on small CPUs "
                                        "and per GPU)"),
+    task_jobs: Optional[int] = typer.Option(None, "--task-jobs", min=1,
+                                            help="tasks optimized at once when no candidates are given (default: on "
+                                            "a GPU, one per 8 cores up to 4, i.e. 2 on a 16-core host; 1 on a CPU, "
+                                            "where concurrent runs would share the cores being timed)"),
     limit: Optional[int] = typer.Option(None, min=1, help="only the first N items"),
     baselines_only: bool = typer.Option(False, "--baselines-only", help="measure the baselines only (no candidates, "
                                         "no optimize)"),
@@ -461,7 +475,8 @@ def bench_cmd(
     opts = BenchOptions(device=dev, baselines=baselines, trials=trials, eval_time_s=eval_time, timeout_s=timeout,
                         mode=mode, atol=atol, rtol=rtol, remeasure_above=remeasure_above or None, jobs=jobs,
                         limit=limit, baselines_only=baselines_only, baseline_cache=baseline_cache, policy=policy,
-                        budget=budget, optimize_options={"time_limit_s": time_limit} if time_limit else {})
+                        budget=budget, task_jobs=task_jobs,
+                        optimize_options={"time_limit_s": time_limit} if time_limit else {})
     out_dir = out_dir or default_out(src)
     progress = _BenchProgress(quiet)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `timeout 500 kernelcraft bench` stops like Ctrl-C

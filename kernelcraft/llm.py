@@ -15,6 +15,10 @@ Design decisions
 - `hf` loads a causal LM from a local directory with transformers (optional import, extra `hf`),
   applies the tokenizer's chat template when it has one, and samples k replies, seeded from the run's
   RNG so a rerun with the same seed asks the same things.
+- Concurrent optimize runs (`kernelcraft bench --task-jobs`) may share one policy. `openai` is
+  `thread_safe`: its settings are read-only after construction and every `propose` makes its own client
+  and event loop. `hf` is not (a lazily loaded model and tokenizer, generation seeded through torch's
+  global RNG): the bench lets one of its `propose` calls run at a time.
 """
 from __future__ import annotations
 
@@ -67,6 +71,7 @@ def _proposal(prompt: Prompt, parents: list, reply: str | None, usage: dict, err
 
 class OpenAIPolicy:
     name = "openai"
+    thread_safe = True  # see the module docstring
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
                  temperature: float = 0.7, max_tokens: int = 8192, concurrency: int | None = None,

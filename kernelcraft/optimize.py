@@ -25,6 +25,11 @@ Design decisions
 - Stops on: budget (candidates), wall-time limit, `patience` rounds without a >1% improvement of the
   best verified speedup, or a policy with nothing new left to propose.
 - Progress is reported through a callback (`on_event(kind, **data)`); the library prints nothing.
+- A caller running optimisations in threads stops one with `cancel` (a `threading.Event`, as
+  `kernelcraft bench --task-jobs` does on Ctrl-C or a failed task): checked before every proposal round
+  and around every evaluation. A verdict that arrives after it was set is dropped, not recorded (the
+  caller may have killed that worker), and `Cancelled` is raised; the candidate stays in flight in the
+  database, so the next resume re-queues it, as after a kill.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import fcntl
 import json
 import os
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -48,6 +54,10 @@ from kernelcraft.techniques import techniques
 
 class RunInUse(RuntimeError):
     """Another process is running an optimisation in this directory."""
+
+
+class Cancelled(RuntimeError):
+    """The caller set `cancel`: the run stopped; a resume re-queues what was in flight (module docstring)."""
 
 
 @dataclass
@@ -131,7 +141,8 @@ class RunLock:
 
 
 def optimize(task: "str | Path | Task", out: "str | Path", options: Options | None = None, *,
-             policy: Policy | None = None, on_event: Callable[..., None] | None = None) -> Result:
+             policy: Policy | None = None, on_event: Callable[..., None] | None = None,
+             cancel: threading.Event | None = None) -> Result:
     """Run (or resume) a search in `out` and return its summary (also written to out/summary.json)."""
     from kernelcraft.evaluate import default_device
 
@@ -143,7 +154,7 @@ def optimize(task: "str | Path | Task", out: "str | Path", options: Options | No
     lock = RunLock(out)
     db = RunDB(out)
     try:
-        run = _Run(task, out, db, opts, device, policy, on_event or (lambda kind, **data: None))
+        run = _Run(task, out, db, opts, device, policy, on_event or (lambda kind, **data: None), cancel)
         return run.go()
     finally:
         db.close()
@@ -151,8 +162,10 @@ def optimize(task: "str | Path | Task", out: "str | Path", options: Options | No
 
 
 class _Run:
-    def __init__(self, task: Task, out: Path, db: RunDB, opts: Options, device: str, policy, emit):
+    def __init__(self, task: Task, out: Path, db: RunDB, opts: Options, device: str, policy, emit,
+                 cancel: threading.Event | None = None):
         self.task, self.out, self.db, self.opts, self.device, self.emit = task, out, db, opts, device, emit
+        self.cancel = cancel
         known = db.get_meta("task_sha256")
         if known is not None and known != task.sha256:
             raise ValueError(f"{out} holds a run of another task ({db.get_meta('task')}); use another --out")
@@ -170,22 +183,28 @@ class _Run:
         self.bar = opts.min_speedup
         self.control = None
 
+    def _check(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled(f"optimize {self.task.name}: cancelled")
+
     # -- evaluation --------------------------------------------------------------------------------
     def _evaluate(self, source: str, seed: int, time_budget: float) -> dict:
         from kernelcraft.evaluate import evaluate
 
+        self._check()
         best = self.best_verified()
         try:  # a speedup far above the best so far is re-measured in a fresh worker by the evaluator
             v = evaluate(self.task, source, device=self.device, trials=self.opts.trials, atol=self.opts.atol,
                          rtol=self.opts.rtol, mode=self.opts.mode, seed=seed, time_budget_s=time_budget,
                          timeout_s=self.opts.timeout_s, best_known_speedup=best if best > 1.0 else None,
-                         lock_scope="device" if self.jobs > 1 else "timing")
-            return v.to_json()
+                         lock_scope="device" if self.jobs > 1 else "timing").to_json()
         except ValueError:
             raise  # a bad option (device, mode): the caller's error, not the candidate's
         except Exception as e:  # noqa: BLE001 - a harness bug must not kill a long run
-            return {"status": "runtime_error", "reasons": ["harness_error"], "speedup": None,
-                    "message": f"kernelcraft failed evaluating this candidate: {type(e).__name__}: {e}"}
+            v = {"status": "runtime_error", "reasons": ["harness_error"], "speedup": None,
+                 "message": f"kernelcraft failed evaluating this candidate: {type(e).__name__}: {e}"}
+        self._check()  # cancelled meanwhile: its worker may have been killed, so the verdict is not recorded
+        return v
 
     def _eval_one(self, row) -> None:
         self.db.claim(row.id)
@@ -282,6 +301,7 @@ class _Run:
             if self.opts.time_limit_s is not None and time.monotonic() - t0 >= self.opts.time_limit_s:
                 stopped = "time"
                 break
+            self._check()
             rnd += 1
             k = self.opts.k if self.opts.budget is None else min(self.opts.k, self.opts.budget - n)
             before = self.best_verified()

@@ -12,6 +12,9 @@ Design decisions
   `register_policy` lets a plugin add its own prefix.
 - `PolicyError` is for configuration problems (no API key, unknown model, missing package): the run
   stops with that message. Transient failures (timeouts, 5xx) are the policy's to retry.
+- A policy that may be called from several threads at once (one object shared by concurrent optimize runs
+  in `kernelcraft bench`) says so with a class attribute `thread_safe = True`; callers serialise
+  `propose` for any other (plugins included), so a policy never has to be thread-safe to be correct.
 """
 from __future__ import annotations
 

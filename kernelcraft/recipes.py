@@ -24,10 +24,15 @@ Design decisions
 - A token whose single-token candidate failed is never used again (unless it was rejected only because
   its speedup did not reproduce in a fresh worker: then it was correct, and combinations may still win). When no untried valid recipe is
   left, the policy returns nothing and the loop stops ("exhausted").
+- One policy object may serve many tasks, also at once (`kernelcraft bench` shares it between concurrent
+  optimize runs): `propose` keeps its search state in locals and the context, and the only thing it
+  remembers, each reference's analysis, is cached per task source (SHA-256) under a lock. Hence
+  `thread_safe = True`.
 """
 from __future__ import annotations
 
 import math
+import threading
 
 from kernelcraft import rewrite, wrappers
 from kernelcraft.policies import Context, PolicyError, Proposal
@@ -62,17 +67,27 @@ def _unreproduced(row) -> bool:
 
 class RecipesPolicy:
     name = "recipes"
+    thread_safe = True  # see the module docstring
 
     def __init__(self, *, analysis: rewrite.Analysis | None = None, skip=(), **_):
-        """`skip`: tokens or token prefixes never to use (e.g. "compile" on a slow CPU)."""
-        self._analysis = analysis
+        """`skip`: tokens or token prefixes never to use (e.g. "compile" on a slow CPU). `analysis`: the one to
+        use whatever the task (tests); by default each task's reference is analysed once, when first seen."""
+        self._fixed = analysis
+        self._analyses: dict[str, rewrite.Analysis] = {}  # task SHA-256 -> its analysis
+        self._lock = threading.Lock()
         self.skip = tuple(s for s in (skip.split(",") if isinstance(skip, str) else skip or ()) if s)
 
     # -- what applies ------------------------------------------------------------------------------
     def analysis(self, ctx: Context) -> rewrite.Analysis:
-        if self._analysis is None:
-            self._analysis = rewrite.analyze(ctx.task.source)
-        return self._analysis
+        if self._fixed is not None:
+            return self._fixed
+        with self._lock:
+            a = self._analyses.get(ctx.task.sha256)
+        if a is None:  # a subprocess, run outside the lock: other tasks' proposals need not wait for it
+            a = rewrite.analyze(ctx.task.source)
+            with self._lock:
+                a = self._analyses.setdefault(ctx.task.sha256, a)
+        return a
 
     def tokens(self, ctx: Context) -> list[str]:
         a = self.analysis(ctx)

@@ -1,6 +1,7 @@
 """`kernelcraft bench`: sources load (pairs JSONL, task directories, candidates in `<stem>.py` and KernelBench run
 layouts), honest / wrong / cheating candidates give the right counts and fast_p, an interrupted bench resumes
-without evaluating anything twice, baselines come from the cache on a rerun, and bad inputs are one-line errors.
+without evaluating anything twice, baselines come from the cache on a rerun, bad inputs are one-line errors, and
+`--task-jobs` optimizes tasks concurrently (logged in completion order; a failure or Ctrl-C stops the others).
 CPU, tiny tasks, short timing budgets; the GPU test at the end runs the CUDA-graph baseline."""
 from __future__ import annotations
 
@@ -373,6 +374,215 @@ def test_bad_inputs_are_one_line_errors(tmp_path, cache_dir):
     assert runner.invoke(app, base + ["--trials", "2"]).exit_code == 0
     r = runner.invoke(app, base + ["--trials", "3"])
     assert r.exit_code == 2 and "other settings" in r.stderr
+
+
+# ---- optimizing several tasks at once (--task-jobs) ------------------------------------------------------
+
+QUICK_OPT = {"confirm": 0, "null_control": False, "policy_options": {"skip": "compile"}}
+
+
+def _own_rules_only(run_dir: Path, task) -> list[str]:
+    """The rewrite tokens a run proposed, checked against its own task's rewrites (not another task's)."""
+    from kernelcraft import rewrite
+    from kernelcraft.rundb import RunDB
+
+    db = RunDB(run_dir)
+    try:
+        toks = [t for r in db.rows() for t in (r.meta or {}).get("recipe", []) if t.startswith("rewrite:")]
+    finally:
+        db.close()
+    own = {f"rewrite:{r}" for r in rewrite.analyze(task.source).rules}
+    assert toks and set(toks) <= own, (run_dir.name, toks, own)
+    return toks
+
+
+def test_task_jobs_optimizes_every_task_and_resumes_with_another_setting(tmp_path, cache_dir):
+    from kernelcraft.task import load_task
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("tiny/level1/diag_matmul", "tiny/level2/matmul_sum"):  # each has its own big-win rewrite
+        (tasks / f"{name.rsplit('/', 1)[1]}.py").write_text(load_task(name).source)
+    out, events = tmp_path / "out", []
+    s = run(resolve(str(tasks), device="cpu"), out, opts(budget=1, task_jobs=2, optimize_options=QUICK_OPT),
+            on_event=lambda kind, **d: events.append((kind, d)))
+    recs = read_lines(out / "verdicts.jsonl")
+    assert sorted(r["item"] for r in recs) == ["diag_matmul", "matmul_sum"] and s["evaluated"] == 2
+    assert s["task_jobs"] == 2 and s["tasks"] == 2 and events[0][1]["task_jobs"] == 2
+    assert {r["status"] for r in recs} <= {"correct", "no_candidate", "incorrect", "rejected"}
+    for r in recs:  # one shared recipes policy: each run proposed its own task's rewrite
+        assert r["optimize"]["candidates"] == 1
+        _own_rules_only(Path(r["optimize"]["run_dir"]), load_task(tasks / f"{r['item']}.py"))
+    # the same bench one task at a time: the same keys (nothing left to do), and --task-jobs is not pinned
+    again = run(resolve(str(tasks), device="cpu"), out, opts(budget=1, task_jobs=1, optimize_options=QUICK_OPT))
+    assert (again["resumed"], again["evaluated"], again["task_jobs"]) == (2, 0, 1)
+    assert read_lines(out / "verdicts.jsonl") == recs
+    assert "task_jobs" not in json.loads((out / "bench.json").read_text())["optimize"]
+
+
+def _fake_optimize(calls: list, delay: dict, fail: str | None = None):
+    """A stand-in for bench._optimize_item: records overlapping calls and the thread each runs in."""
+    import threading
+
+    from kernelcraft.optimize import Cancelled
+
+    lock, active = threading.Lock(), [0]
+
+    def fake(it, out, o, dev, eval_opts, pool, env, emit, policy, stop):
+        with lock:
+            active[0] += 1
+            calls.append(("start", it.name, active[0], threading.current_thread() is threading.main_thread()))
+        try:
+            if it.name == fail:
+                time.sleep(delay.get(it.name, 0.0))
+                raise BenchError(f"optimize {it.name}: boom")
+            if delay.get(it.name) == "until_stopped":
+                assert stop.wait(20), "never stopped"
+                raise Cancelled(it.name)
+            time.sleep(delay.get(it.name, 0.3))
+            return {"status": "no_candidate", "reasons": ["no_candidate"], "speedup": None, "message": "fake",
+                    "timing": None}
+        finally:
+            with lock:
+                active[0] -= 1
+                calls.append(("end", it.name, active[0], stop.is_set()))
+    return fake
+
+
+def test_task_jobs_runs_optimizations_concurrently_and_logs_in_completion_order(tmp_path, monkeypatch, cache_dir):
+    import threading
+
+    import kernelcraft.bench as bench
+
+    src = lambda: resolve("tiny/level1", device="cpu")  # noqa: E731
+    names = [it.name for it in src().items[:3]]
+    for jobs, expect_peak in ((2, 2), (1, 1)):
+        calls, events = [], []
+        # the first task is the slowest: with 2 at a time the second and third finish (and are logged) first
+        monkeypatch.setattr(bench, "_optimize_item", _fake_optimize(calls, {names[0]: 1.2, names[1]: 0.2,
+                                                                            names[2]: 0.2}))
+        out = tmp_path / f"out{jobs}"
+        s = run(src(), out, opts(limit=3, task_jobs=jobs),
+                on_event=lambda kind, **d: events.append((kind, d, threading.current_thread() is threading.main_thread())))
+        starts = [c for c in calls if c[0] == "start"]
+        assert max(c[2] for c in starts) == expect_peak, calls
+        assert [c[1] for c in starts] == names if jobs == 1 else sorted(c[1] for c in starts) == sorted(names)
+        logged = [r["item"] for r in read_lines(out / "verdicts.jsonl")]
+        ends = [c[1] for c in calls if c[0] == "end"]
+        assert logged == ends  # completion order
+        assert (logged == names) == (jobs == 1), logged
+        assert all(c[3] == (jobs == 1) for c in starts)  # worker threads only when concurrent
+        assert all(main for kind, _, main in events if kind == "result")  # results come from the caller's thread
+        assert s["evaluated"] == 3 and s["task_jobs"] == jobs
+
+
+def test_task_jobs_a_failed_task_stops_the_others_and_propagates(tmp_path, monkeypatch, cache_dir):
+    import kernelcraft.bench as bench
+
+    names = [it.name for it in resolve("tiny/level1", device="cpu").items[:4]]
+    a, b, c, d = names
+    calls = []
+    # a fails after c finished; b and d run until they are told to stop; c's record is kept
+    monkeypatch.setattr(bench, "_optimize_item", _fake_optimize(calls, {a: 1.0, b: "until_stopped", c: 0.1,
+                                                                        d: "until_stopped"}, fail=a))
+    t0 = time.monotonic()
+    with pytest.raises(BenchError, match="boom"):
+        run(resolve("tiny/level1", device="cpu"), tmp_path / "out", opts(limit=4, task_jobs=3))
+    assert time.monotonic() - t0 < 15
+    ends = {c[1]: c for c in calls if c[0] == "end"}
+    assert ends.keys() == {a, b, c, d}  # every started run had ended when the error reached the caller
+    assert ends[b][3] and ends[d][3]  # ... because it was told to stop
+    assert [r["item"] for r in read_lines(tmp_path / "out" / "verdicts.jsonl")] == [c]
+
+
+INTERRUPT_SCRIPT = r"""
+import sys, threading
+import kernelcraft.bench as bench
+from kernelcraft.optimize import Cancelled
+
+lock = threading.Lock()
+
+def say(*words):
+    with lock:
+        print(*words, flush=True)
+
+def fake(it, out, o, dev, eval_opts, pool, env, emit, policy, stop):
+    say("started", it.name)
+    say("stopped" if stop.wait(30) else "never-stopped", it.name)
+    raise Cancelled(it.name)
+
+bench._optimize_item = fake
+from kernelcraft.cli import main
+sys.argv = ["kernelcraft", "bench", "tiny/level1", "--limit", "3", "--task-jobs", "2", "--device", "cpu",
+            "--baselines", "eager", "--out", sys.argv[1]]
+main()
+"""
+
+
+def test_task_jobs_ctrl_c_stops_the_running_optimizations(tmp_path, cache_dir):
+    script = tmp_path / "interrupt.py"
+    script.write_text(INTERRUPT_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, COLUMNS="120", NO_COLOR="1"))
+    started = []
+    while len(started) < 2:
+        line = proc.stdout.readline()
+        assert line, proc.communicate()[1][-3000:]
+        started += [line.split()[1]] if line.startswith("started") else []
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)  # exits: the two runs stop, the third never starts
+    assert proc.returncode == 130, err[-3000:]
+    assert "re-run" in err and "Traceback" not in err
+    assert sorted(ln.split()[1] for ln in rest.splitlines() if ln.startswith("stopped")) == sorted(started)
+    assert "started" not in rest and not read_lines(tmp_path / "out" / "verdicts.jsonl")
+
+
+def test_cancelled_optimize_drops_the_killed_evaluation_and_resumes(tmp_path, cache_dir):
+    """What bench does to a concurrent optimize run on Ctrl-C: cancel, then kill its worker mid-evaluation."""
+    import threading
+
+    from kernelcraft import runner
+    from kernelcraft.optimize import Cancelled, Options, optimize
+    from kernelcraft.rundb import RunDB
+
+    o = Options(device="cpu", budget=1, jobs=1, trials=2, eval_time_s=0.3, **QUICK_OPT)
+    cancel, done = threading.Event(), threading.Event()
+
+    def interrupt():
+        while not runner._LIVE and not done.is_set():
+            time.sleep(0.01)
+        cancel.set()
+        runner.kill_live_workers()
+
+    t = threading.Thread(target=interrupt)
+    t.start()
+    try:
+        with pytest.raises(Cancelled):
+            optimize("tiny/level1/diag_matmul", tmp_path / "run", o, cancel=cancel)
+    finally:
+        done.set()
+        t.join()
+    db = RunDB(tmp_path / "run")
+    try:  # the crash the kill caused is not recorded: the candidate is still in flight
+        assert [(r.state, r.status) for r in db.rows()] == [("in_flight", None)]
+    finally:
+        db.close()
+    res = optimize("tiny/level1/diag_matmul", tmp_path / "run", o)  # the resume evaluates it
+    assert res.candidates == 1 and res.stopped == "budget" and res.failed == 0
+
+
+def test_cli_task_jobs_option(tmp_path, cache_dir):
+    base = ["bench", "tiny/level1/diag_matmul", "--device", "cpu", "--baselines", "eager", "--baselines-only",
+            "--json"]
+    runner = CliRunner()
+    r = runner.invoke(app, base + ["--task-jobs", "2", "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0 and last_json(r.stdout)["task_jobs"] == 2, r.output
+    r = runner.invoke(app, base + ["--out", str(tmp_path / "b")])  # the default on a CPU
+    assert r.exit_code == 0 and last_json(r.stdout)["task_jobs"] == 1, r.output
+    bad = runner.invoke(app, base + ["--task-jobs", "0", "--out", str(tmp_path / "c")])
+    assert bad.exit_code == 2 and "--task-jobs" in bad.output and not (tmp_path / "c").exists()
+    with pytest.raises(BenchError, match="task_jobs"):
+        run(resolve("tiny/level1/diag_matmul", device="cpu"), tmp_path / "d", opts(task_jobs=0))
 
 
 # ---- GPU --------------------------------------------------------------------------------------------------

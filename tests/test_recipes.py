@@ -228,6 +228,15 @@ def test_unreproduced_speedup_does_not_ban_a_token(analyses):
     assert not any("cudagraph" in r for r in recipes)  # a real failure still bans
 
 
+def test_one_policy_analyses_each_task_it_serves():
+    """A bench shares one policy between tasks: each task gets its own rewrites, not the first task's."""
+    pol = RecipesPolicy(skip="compile")
+    diag, mm = load_task("tiny/level1/diag_matmul"), load_task("tiny/level2/matmul_sum")
+    assert pol.tokens(_ctx(diag, CPU, [])) == ["rewrite:diag_matmul"]
+    assert pol.tokens(_ctx(mm, CPU, [])) == ["rewrite:reduce_linear"]
+    assert [p.meta["recipe"] for p in pol.propose(_ctx(diag, CPU, []))] == [["rewrite:diag_matmul"]]
+
+
 def test_recipes_refuse_strict_mode(analyses):
     from kernelcraft.policies import PolicyError
     task, a = analyses["diag"]
