@@ -20,14 +20,15 @@ Design decisions
   with the device lock covering each worker's whole device phase, so the other slots only overlap worker
   start-up and imports) and, like `optimize`, 1 on a CPU with fewer than 8 cores.
 - Optimizations run after the pool's work, `--task-jobs` tasks at once (threads; each `optimize` run has
-  its own run directory, lock, database and parallel evaluations). One run leaves most of a GPU host idle
-  (its evaluations are mostly worker start-up and CPU work), and several are safe: every evaluation holds
-  the device lock (a cross-process flock) for its whole device phase, so GPU work never overlaps. Default:
-  on a GPU one task per 8 cores, at most 4; on a CPU 1 (concurrent runs would share the cores being
-  timed). The shared policy, unless marked `thread_safe` (`policies`), proposes for one run at a time.
-  Records are logged in the calling thread, in completion order; 1 at a time is the old in-order loop.
-  A failed task or Ctrl-C sets the runs' cancel event: they stop, dropping verdicts that arrive later.
-  Not pinned in `bench.json`: a resume may use another `--task-jobs`.
+  its own run directory, lock, database and parallel evaluations). Several are safe on one GPU: every
+  evaluation holds the device lock (a cross-process flock) for its whole device phase, so GPU work never
+  overlaps. Default 1: measured on the H100 with `recipes` (BENCHMARKS.md), 2 at once made each run take
+  twice as long and gained nothing, because a compile recipe's first call (inductor compile and autotuning)
+  is on the device lock. It pays where proposals wait on something else (an LLM endpoint). The shared
+  policy, unless marked `thread_safe` (`policies`), proposes for one run at a time. Records are logged in
+  the calling thread, in completion order; 1 at a time is the old in-order loop. A failed task or Ctrl-C
+  sets the runs' cancel event: they stop, dropping verdicts that arrive later. Not pinned in
+  `bench.json`: a resume may use another `--task-jobs`.
 - Results stream in completion order; each is appended to `OUT/verdicts.jsonl` the moment it arrives
   (flushed and fsync'd), keyed by (task SHA-256, candidate SHA-256) — or the optimize settings instead
   of a candidate. Resume is that file: a rerun with the same `--out` skips every key already in it.
@@ -92,7 +93,7 @@ class BenchOptions:
     cache_dir: str | None = None
     policy: str = "recipes"
     budget: int = 8
-    task_jobs: int | None = None  # tasks optimized at once (default: default_task_jobs(device))
+    task_jobs: int | None = None  # tasks optimized at once (default 1; see the module docstring)
     optimize_options: dict = field(default_factory=dict)  # more optimize.Options fields
     report: bool = True
 
@@ -143,11 +144,6 @@ def default_out(source: Source) -> Path:
     return Path("runs") / f"bench-{_slug(source.name)}"
 
 
-def default_task_jobs(device: str) -> int:
-    """Tasks optimized at once: on a GPU one per 8 cores (at most 4), on a CPU 1 (see the module docstring)."""
-    return max(1, min(4, (os.cpu_count() or 1) // 8)) if device.startswith("cuda") else 1
-
-
 def run(source: Source, out: str | os.PathLike | None = None, options: BenchOptions | None = None, *,
         on_event: Callable[..., None] | None = None) -> dict:
     """Run (or resume) a bench into `out` and return the summary (also written to OUT/summary.json).
@@ -168,7 +164,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
         raise BenchError("trials must be at least 1")
     if opts.task_jobs is not None and opts.task_jobs < 1:
         raise BenchError("task_jobs must be at least 1")
-    opts = replace(opts, task_jobs=opts.task_jobs or default_task_jobs(dev))  # resolved: the summary reports it
+    opts = replace(opts, task_jobs=opts.task_jobs or 1)  # resolved: the summary reports it
     try:
         wanted, skipped = bl.parse(opts.baselines, dev)
     except ValueError as e:

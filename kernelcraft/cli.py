@@ -450,9 +450,8 @@ def bench_cmd(
     jobs: Optional[int] = typer.Option(None, min=1, help="evaluations at once per device (default: 1 on small CPUs "
                                        "and per GPU)"),
     task_jobs: Optional[int] = typer.Option(None, "--task-jobs", min=1,
-                                            help="tasks optimized at once when no candidates are given (default: on "
-                                            "a GPU, one per 8 cores up to 4, i.e. 2 on a 16-core host; 1 on a CPU, "
-                                            "where concurrent runs would share the cores being timed)"),
+                                            help="tasks optimized at once when no candidates are given (default 1; "
+                                            "more pays when proposals wait on an LLM endpoint, not with recipes)"),
     limit: Optional[int] = typer.Option(None, min=1, help="only the first N items"),
     baselines_only: bool = typer.Option(False, "--baselines-only", help="measure the baselines only (no candidates, "
                                         "no optimize)"),
