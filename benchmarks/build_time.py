@@ -5,7 +5,9 @@ Usage: python3 benchmarks/build_time.py [--markdown] [--candidates elementwise,m
 
 Each build runs in a fresh process with an empty cache directory, through kernelcraft's BuildCache (the
 path the worker takes); `plain` sets KERNELCRAFT_FASTBUILD=0, `fast` leaves the fast path on (see
-kernelcraft/fastbuild.py). Stages come from the build directory's .ninja_log (nvcc on the .cu, host c++
+kernelcraft/fastbuild.py), `fast+pch` adds the precompiled torch/extension.h for main.cpp
+(kernelcraft/pch.py; made once, outside the build's clock, in a shared temp directory and reused).
+`plain` and `fast` run with KERNELCRAFT_PCH=0. Stages come from the build directory's .ninja_log (nvcc on the .cu, host c++
 on main.cpp, link; the two compiles run in parallel, so wall ≈ max of them + link) and nvcc's own phase
 table (`-time`, through NVCC_APPEND_FLAGS): cudafe++ (EDG, host side), cicc (EDG + NVVM, device side),
 gcc (host compile of cudafe++'s output), the rest (preprocessing, ptxas, fatbinary).
@@ -219,15 +221,29 @@ def one(cand: str, mode: str, work: Path) -> dict:
         top = [ln.split("TOP=", 1)[1] for ln in (dry.stdout + dry.stderr).splitlines() if "TOP=" in ln]
         cpp_ext.CUDA_HOME = os.environ.get("CUDA_HOME") or (str(Path(top[0]).resolve()) if top else "/usr/local/cuda")
         ldflags = _stub_cuda_libs(work / "stubs")
-        # the CPU wheel ships c10/cuda headers but not their generated config header
-        shim = work / "shim" / "c10" / "cuda" / "impl"
-        shim.mkdir(parents=True)
+        # the CPU wheel ships c10/cuda headers but not their generated config header (at a fixed path: the
+        # include path is part of the build flags, hence of the precompiled header's key)
+        top_shim = Path(tempfile.gettempdir()) / "kc-bt-shim"
+        shim = top_shim / "c10" / "cuda" / "impl"
+        shim.mkdir(parents=True, exist_ok=True)
         (shim / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-        includes = [str(work / "shim")]
+        includes = [str(top_shim)]
     gpu = torch.cuda.is_available()
     arch = arch_for(torch.cuda.get_device_capability() if gpu else None) or "9.0a"
     cache = BuildCache(work / "ext", arch)
     cache.install()
+    pch_s = None
+    if mode == "fast+pch":  # the PCH is made once, outside the build's clock, and shared by the runs
+        from kernelcraft import pch
+
+        shared = Path(os.environ["KC_BT_PCH_DIR"])
+        shared.mkdir(parents=True, exist_ok=True)
+        (work / "pch").symlink_to(shared, target_is_directory=True)
+        t_pch = time.perf_counter()
+        if pch.make(work / "pch", [], includes, True) is None:
+            return {"status": "no pch (see KC_BT_PCH_DIR/*/failed)"}
+        pch_s = time.perf_counter() - t_pch
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the PCH's compile is not the build's
     t0 = time.perf_counter()
     status, ext = "ok", None
     try:
@@ -248,9 +264,13 @@ def one(cand: str, mode: str, work: Path) -> dict:
         except Exception as e:  # noqa: BLE001
             status = f"run failed: {str(e)[:200]}"
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)  # the compilers: robust to other load on the host
+    ru_cpu = ru.ru_utime + ru.ru_stime - (ru0.ru_utime + ru0.ru_stime)
     dirs = [d for d in (work / "ext").iterdir() if d.is_dir()]
     variant = next(((d / ".variant").read_text().strip() for d in dirs if (d / ".variant").exists()), None)
-    return {"status": status, "wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "variant": variant or "plain",
+    if pch_s is not None:
+        variant = f"{variant or 'plain'}+pch"
+    return {"status": status, "wall_s": wall, "cpu_s": ru_cpu, "variant": variant or "plain",
+            "pch_make_s": pch_s,
             "steps": ninja_steps(work),
             "nvcc": nvcc_phases(work / "nvcc_time.csv")}
 
@@ -281,10 +301,14 @@ def nvcc_phases(path: Path) -> dict:
     return phases
 
 
+PCH_DIR = Path(tempfile.gettempdir()) / "kc-bt-pch"  # shared by the fast+pch runs (~0.8 GB, kept)
+
+
 def run_child(cand: str, mode: str) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"kc-bt-{cand}-{mode}-") as tmp:
         work = Path(tmp)
         env = {**os.environ, "KERNELCRAFT_FASTBUILD": "0" if mode == "plain" else "1",
+               "KERNELCRAFT_PCH": "1" if mode == "fast+pch" else "0", "KC_BT_PCH_DIR": str(PCH_DIR),
                "NVCC_APPEND_FLAGS": f"{os.environ.get('NVCC_APPEND_FLAGS', '')} -time {work / 'nvcc_time.csv'}",
                "TORCH_EXTENSIONS_DIR": str(work / "torch_extensions"),
                "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))}
@@ -359,7 +383,7 @@ def main() -> int:
         for cand, mode, r in rows:
             st, nv = r.get("steps", {}), r.get("nvcc", {})
             f = lambda v: "–" if v is None else f"{v:.1f} s"
-            path = mode if mode == "plain" else f"fast ({r.get('variant')})"
+            path = mode if mode == "plain" else f"{mode.split('+')[0]} ({r.get('variant')})"
             print(f"| {cand} | {path} | {r.get('status')} | {f(r.get('wall_s'))} | {f(r.get('cpu_s'))} "
                   f"| {f(st.get('nvcc'))} "
                   f"| {f(st.get('c++'))} | {f(st.get('link'))} | {f(nv.get('cudafe++'))} | {f(nv.get('cicc'))} "

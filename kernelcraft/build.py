@@ -16,6 +16,9 @@ Design decisions
   all when it names nothing of torch (nvcc in ~1-2 s). An nvcc failure falls back to the plain build,
   so valid candidates never become compile errors and broken ones report the plain build's error.
   The fast path has its own key; `KERNELCRAFT_FASTBUILD=0` turns it off.
+- The host half (main.cpp) is compiled against a precompiled torch/extension.h (`kernelcraft.pch`) where
+  GCC allows it; the flags that adds are chosen at a directory's first build and kept (`.pch`), so a
+  cache hit loads the same build. `KERNELCRAFT_PCH=0` turns it off.
 - Compiler output is trimmed to the error lines with a little context: the message is read by a person
   and, later, by an LLM writing the next candidate.
 """
@@ -34,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.utils.cpp_extension as cpp_ext
 
-from kernelcraft import fastbuild
+from kernelcraft import fastbuild, pch
 
 _orig_load_inline = cpp_ext.load_inline
 _orig_load = cpp_ext.load
@@ -110,7 +113,9 @@ class BuildCache:
             # torch inserts into / appends to list arguments: every attempt gets its own copies
             return _orig_load_inline(
                 name, _copy(cpp), cuda_sources=_copy(cuda), functions=functions,
-                extra_cflags=_copy(extra_cflags), extra_cuda_cflags=_copy(extra_cuda_cflags),
+                extra_cflags=list(extra_cflags or []) + self._pch_flags(d, extra_cflags, extra_include_paths,
+                                                                         bool(cuda_sources), kwargs),
+                extra_cuda_cflags=_copy(extra_cuda_cflags),
                 extra_ldflags=_copy(extra_ldflags), extra_include_paths=_copy(extra_include_paths),
                 build_directory=d, verbose=verbose, **{**kwargs, **(extra or {})})
 
@@ -121,6 +126,20 @@ class BuildCache:
         return self._run(name, key, lambda d: fastbuild.build_with_fallback(
             d, name, lambda d: attempt(d, fast.cpp_sources, fast.cuda_sources, False, fast.kwargs), attempt,
             tag=fast.tag))
+
+    def _pch_flags(self, d, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: dict) -> list[str]:
+        """The precompiled-header flags of this build directory: chosen when it is first built and kept in
+        `.pch`, so a later load passes torch the same flags (other flags would make it rebuild)."""
+        rec = Path(d) / ".pch"
+        if rec.exists():
+            return json.loads(rec.read_text())
+        if (Path(d) / ".built").exists():
+            return []  # built before PCHs: keep its flags
+        if kwargs.get("with_cuda") is not None:
+            with_cuda = bool(kwargs["with_cuda"])
+        flags = pch.cflags(self.root.parent / "pch", extra_cflags, extra_include_paths, with_cuda, kwargs)
+        rec.write_text(json.dumps(flags))
+        return flags
 
     def load(self, name, sources, *args, build_directory=None, **kwargs):
         srcs = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import sys
@@ -22,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import kernelcraft
-from kernelcraft import runner
+from kernelcraft import pch, runner
 from kernelcraft.candidate import Candidate, load_candidate, needs_build, preloads, structure_problem
 from kernelcraft.screen import screen as static_screen
 from kernelcraft.task import Task, load_task
@@ -184,6 +185,8 @@ def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, t
                        wall_s=time.perf_counter() - t0, env=_env(None))
 
     root = runner.cache_root(cache_dir)
+    if needs_build(cand.source):  # start making the host-header PCHs later builds use (trusted side)
+        pch.warm(root / "pch", with_cuda=re.search(r"\bcuda_sources\b", cand.source) is not None)
     with _work_dir(root, "eval-", {"reference.py": task.source, "candidate.py": cand.source},
                    keep=keep_workdir) as work:
         job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"),
