@@ -83,10 +83,11 @@ def test_device_lock_taken_before_import_unless_it_compiles(cache_dir):
 
     lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
     held = threading.Event()
-    t = threading.Thread(target=_hold_lock, args=(lock, 10.0, held))
+    t = threading.Thread(target=_hold_lock, args=(lock, 16.0, held))
     t.start()
     held.wait()
-    # build_timeout_s is shorter than the wait: it must start after the wait, not at spawn
+    # build_timeout_s is shorter than the wait (the hold less the worker's start-up, several seconds on a
+    # loaded host): it must start after the wait, not at spawn
     v = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, timeout_s=5.0, build_timeout_s=8.0,
                  lock_scope="device", cache_dir=cache_dir)
     t.join()
