@@ -16,6 +16,8 @@ What it measures, in a fresh cache directory (so "cold" is cold):
    slots overlap worker start-up), from first submission to last verdict. Results are saved after every
    phase, and SIGINT (e.g. `timeout -s INT`) reports the phases that finished.
 3. pool, cache hit: the same `--n` candidates again (every build is found in the cache).
+`--pch` (default `ready`): the precompiled torch/extension.h for main.cpp is made before the first phase,
+outside its clock; `off` measures without it, `auto` leaves it to the evaluations.
 Each phase reports candidates/minute, seconds per candidate, statuses, mean build_s seen by the timing
 evaluation, and how many verdicts were re-measured (speedups above `--remeasure-above` are timed twice
 by design).
@@ -255,6 +257,10 @@ def main() -> int:
     ap.add_argument("--mode", default="strict", choices=("open", "strict"))
     ap.add_argument("--remeasure-above", type=float, default=3.0, help="0 disables re-measuring big speedups")
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temporary directory (removed after)")
+    ap.add_argument("--pch", default="ready", choices=("ready", "auto", "off"),
+                    help="precompiled torch/extension.h for main.cpp (kernelcraft/pch.py): ready = made before the "
+                         "first phase, outside its clock (a long-running service's state; the default); auto = "
+                         "left to the evaluations (made in the background during the cold phase); off = none")
     ap.add_argument("--out", default=None, help="write the JSON results here")
     ap.add_argument("--markdown", action="store_true", help="also print a table for BENCHMARKS.md")
     args = ap.parse_args()
@@ -274,6 +280,18 @@ def main() -> int:
     results = {"device": args.device, "gpu": torch.cuda.get_device_name(0) if gpu else None, "gpus_visible": n_gpus,
                "cores": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda, "task": task,
                "options": {k: v for k, v in vars(args).items()}, "cache_dir": str(cache), "phases": {}}
+    if args.pch == "off":
+        os.environ["KERNELCRAFT_PCH"] = "0"
+    elif args.pch == "ready":
+        from concurrent.futures import ThreadPoolExecutor
+
+        from kernelcraft import pch
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(pch.WARM_SETS)) as ex:
+            made = list(ex.map(lambda flags: pch.make(cache / "pch", flags, [], gpu), pch.WARM_SETS))
+        results["pch"] = {"made": [str(d) for d in made if d], "make_s": round(time.perf_counter() - t0, 1)}
+        print(f"precompiled headers: {results['pch']}", flush=True)
     def save() -> None:  # after every phase: a run stopped by a time limit keeps what it measured
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=2))
