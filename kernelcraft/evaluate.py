@@ -185,14 +185,15 @@ def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, t
                        wall_s=time.perf_counter() - t0, env=_env(None))
 
     root = runner.cache_root(cache_dir)
-    if needs_build(cand.source):  # start making the host-header PCHs later builds use (trusted side)
+    builds = needs_build(cand.source)
+    if builds:  # start making the host-header PCHs later builds use (trusted side)
         pch.warm(root / "pch", with_cuda=re.search(r"\bcuda_sources\b", cand.source) is not None)
     with _work_dir(root, "eval-", {"reference.py": task.source, "candidate.py": cand.source},
                    keep=keep_workdir) as work:
         job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"),
                    device=dev, trials=trials, atol=atol, rtol=rtol, seed=seed, mode=mode,
                    timing=timing, cache_dir=str(root), kernel_names=scr.kernel_names,
-                   runtime_guards=runtime_guards, lock_scope=lock_scope, needs_build=needs_build(cand.source),
+                   runtime_guards=runtime_guards, lock_scope=lock_scope, needs_build=builds,
                    preload=preloads(cand.source),
                    timing_opts=dict(budget_s=time_budget_s, target=target_ci, min_rounds=min_rounds),
                    lock_path=str(root / "locks" / (f"gpu-{socket.gethostname()}-{visible}.lock" if visible

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from kernelcraft.candidate import Candidate, load_candidate, needs_build  # noqa: F401 (re-exported)
+from kernelcraft.candidate import Candidate, load_candidate, needs_build
 from kernelcraft.task import Task, load_task
 from kernelcraft.verdict import Verdict
 
