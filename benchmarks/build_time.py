@@ -233,14 +233,14 @@ def one(cand: str, mode: str, work: Path) -> dict:
     cache = BuildCache(work / "ext", arch)
     cache.install()
     pch_s = None
-    if mode == "fast+pch":  # the PCH is made once, outside the build's clock, and shared by the runs
+    if mode.endswith("+pch"):  # the PCH is made once, outside the build's clock, and shared by the runs
         from kernelcraft import pch
 
         shared = Path(os.environ["KC_BT_PCH_DIR"])
         shared.mkdir(parents=True, exist_ok=True)
         (work / "pch").symlink_to(shared, target_is_directory=True)
         t_pch = time.perf_counter()
-        if pch.make(work / "pch", [], includes, True) is None:
+        if any(pch.make(work / "pch", [], includes, True, header=h) is None for h in pch.HEADERS):
             return {"status": "no pch (see KC_BT_PCH_DIR/*/failed)"}
         pch_s = time.perf_counter() - t_pch
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the PCH's compile is not the build's
@@ -307,8 +307,10 @@ PCH_DIR = Path(tempfile.gettempdir()) / "kc-bt-pch"  # shared by the fast+pch ru
 def run_child(cand: str, mode: str) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"kc-bt-{cand}-{mode}-") as tmp:
         work = Path(tmp)
-        env = {**os.environ, "KERNELCRAFT_FASTBUILD": "0" if mode == "plain" else "1",
-               "KERNELCRAFT_PCH": "1" if mode == "fast+pch" else "0", "KC_BT_PCH_DIR": str(PCH_DIR),
+        base = mode.split("+")[0]
+        env = {**os.environ, "KERNELCRAFT_FASTBUILD": "0" if base == "plain" else "1",
+               "KERNELCRAFT_SPLIT": "0" if base == "types" else "1",
+               "KERNELCRAFT_PCH": "1" if mode.endswith("+pch") else "0", "KC_BT_PCH_DIR": str(PCH_DIR),
                "NVCC_APPEND_FLAGS": f"{os.environ.get('NVCC_APPEND_FLAGS', '')} -time {work / 'nvcc_time.csv'}",
                "TORCH_EXTENSIONS_DIR": str(work / "torch_extensions"),
                "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))}

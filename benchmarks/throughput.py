@@ -288,8 +288,9 @@ def main() -> int:
         from kernelcraft import pch
 
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(pch.WARM_SETS)) as ex:
-            made = list(ex.map(lambda flags: pch.make(cache / "pch", flags, [], gpu), pch.WARM_SETS))
+        usual = pch.usual(gpu)
+        with ThreadPoolExecutor(len(usual)) as ex:
+            made = list(ex.map(lambda fh: pch.make(cache / "pch", fh[0], [], gpu, header=fh[1]), usual))
         results["pch"] = {"made": [str(d) for d in made if d], "make_s": round(time.perf_counter() - t0, 1)}
         print(f"precompiled headers: {results['pch']}", flush=True)
     def save() -> None:  # after every phase: a run stopped by a time limit keeps what it measured

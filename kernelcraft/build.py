@@ -11,10 +11,12 @@ Design decisions
   leaves a stale lock; torch's own `lock` file found under our flock is by definition stale and removed.
 - The arch list is explicit (`TORCH_CUDA_ARCH_LIST` = the target GPU's capability, `9.0a` on Hopper so
   wgmma is allowed), never torch's "all visible + PTX" default.
-- Cold builds take the fast path of `kernelcraft.fastbuild` where it applies: the `.cu` is compiled
-  with `torch/types.h` instead of `torch/extension.h` (nvcc 2-3x faster), or with no torch header at
-  all when it names nothing of torch (nvcc in ~1-2 s). An nvcc failure falls back to the plain build,
-  so valid candidates never become compile errors and broken ones report the plain build's error.
+- Cold builds take the fast path of `kernelcraft.fastbuild` where it applies: the kernels split from
+  the wrapper (`kernelcraft.cusplit`: nvcc compiles them without torch in ~1-2 s, the wrapper joins
+  main.cpp), else the `.cu` compiled with `torch/types.h` instead of `torch/extension.h` (nvcc 2-3x
+  faster), or with no torch header at all when it names nothing of torch. A failure falls back (split ->
+  types -> plain), so valid candidates never become compile errors and broken ones report the plain
+  build's error.
   The fast path has its own key; `KERNELCRAFT_FASTBUILD=0` turns it off.
 - The host half (main.cpp) is compiled against a precompiled torch/extension.h (`kernelcraft.pch`) where
   GCC allows it; the flags that adds are chosen at a directory's first build and kept (`.pch`), so a
@@ -109,35 +111,37 @@ class BuildCache:
                        cflags=extra_cflags, cuda_cflags=extra_cuda_cflags, ldflags=extra_ldflags,
                        include=extra_include_paths, kwargs=kwargs)
 
-        def attempt(d, cpp=cpp_sources, cuda=cuda_sources, verbose=verbose, extra=None):
+        def attempt(d, cpp=cpp_sources, cuda=cuda_sources, verbose=verbose, extra=None, header="full"):
             # torch inserts into / appends to list arguments: every attempt gets its own copies
             return _orig_load_inline(
                 name, _copy(cpp), cuda_sources=_copy(cuda), functions=functions,
                 extra_cflags=list(extra_cflags or []) + self._pch_flags(d, extra_cflags, extra_include_paths,
-                                                                         bool(cuda_sources), kwargs),
+                                                                         bool(cuda_sources), kwargs, header),
                 extra_cuda_cflags=_copy(extra_cuda_cflags),
                 extra_ldflags=_copy(extra_ldflags), extra_include_paths=_copy(extra_include_paths),
                 build_directory=d, verbose=verbose, **{**kwargs, **(extra or {})})
 
-        fast = fastbuild.plan(cpp_sources, cuda_sources, kwargs)
+        fast = fastbuild.plan(cpp_sources, cuda_sources, kwargs, extra_cflags, extra_cuda_cflags)
         if fast is None:
             return self._run(name, self.key("inline", payload), attempt)
         key = self.key("inline", {**payload, "fastbuild": fast.tag})
         return self._run(name, key, lambda d: fastbuild.build_with_fallback(
-            d, name, lambda d: attempt(d, fast.cpp_sources, fast.cuda_sources, False, fast.kwargs), attempt,
-            tag=fast.tag))
+            d, name, fast, lambda d, p: attempt(d, p.cpp_sources, p.cuda_sources, False, p.kwargs, p.header),
+            attempt))
 
-    def _pch_flags(self, d, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: dict) -> list[str]:
-        """The precompiled-header flags of this build directory: chosen when it is first built and kept in
-        `.pch`, so a later load passes torch the same flags (other flags would make it rebuild)."""
-        rec = Path(d) / ".pch"
+    def _pch_flags(self, d, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: dict,
+                   header: str = "full") -> list[str]:
+        """The precompiled-header flags of this build directory for main.cpp starting with `header`: chosen
+        when first built and kept in `.pch` (`.pch-light`), so a later load passes torch the same flags
+        (other flags would make it rebuild)."""
+        rec = Path(d) / (".pch" if header == "full" else f".pch-{header}")
         if rec.exists():
             return json.loads(rec.read_text())
         if (Path(d) / ".built").exists():
             return []  # built before PCHs: keep its flags
         if kwargs.get("with_cuda") is not None:
             with_cuda = bool(kwargs["with_cuda"])
-        flags = pch.cflags(self.root.parent / "pch", extra_cflags, extra_include_paths, with_cuda, kwargs)
+        flags = pch.cflags(self.root.parent / "pch", extra_cflags, extra_include_paths, with_cuda, kwargs, header)
         rec.write_text(json.dumps(flags))
         return flags
 

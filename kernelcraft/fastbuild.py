@@ -7,7 +7,12 @@ that three times — EDG in cudafe++ (host side), EDG in cicc (device side) and 
 and ptxas, fatbinary, -O levels and the link are noise. The kernels themselves need almost nothing.
 
 Design decisions
-- Two rewrites of `cuda_sources`, nothing else (main.cpp, flags, arch stay the candidate's):
+- First choice where it applies, `split` (`kernelcraft.cusplit`): the kernels stay in a torch-free `.cu`,
+  the wrapper moves to main.cpp, which then starts with the light header set (`pch.HEADERS["light"]`,
+  torch/types.h plus the binding's needs, the same accepted risk as `types` below) unless its code needs
+  extension.h. nvcc takes ~1-2 s; main.cpp a few seconds with its precompiled header. Any failure of the
+  split build (compile, link, import: the rewrite touched main.cpp too) falls back to `types`, then plain.
+- Else two rewrites of `cuda_sources`, nothing else (main.cpp, flags, arch stay the candidate's):
   `types`: each `#include <torch/extension.h>` (or `torch/torch.h`, `torch/all.h`) line becomes
   `#include <torch/types.h>` — the header `load_inline` itself puts in front of `cuda_sources` (tensors,
   ATen ops, TORCH_CHECK, AT_DISPATCH, factories). One line for one, so line numbers stay the candidate's.
@@ -23,10 +28,11 @@ Design decisions
   is the plain build's failure too: the rewrite does not touch those inputs, so it is raised as is.
   The price: a candidate whose kernel does not compile pays the fast try before the plain build's
   error (the two nvcc front ends up to the error, not two whole builds).
-- The fast path has its own cache key (the plain key plus the plan's tag); the variant that built a
-  directory is recorded in it (`.variant`: `types-N`, `bare-N` or `plain`), so a cache hit never
-  retries a rewrite that failed.
-- Off with `KERNELCRAFT_FASTBUILD=0` (the plain key and build, exactly as before this module).
+- The fast path has its own cache key (the plain key plus the plan's tag, e.g. `split-1+types-1`); the
+  variant that built a directory is recorded in it (`.variant`: `split-N`, `types-N`, `bare-N` or
+  `plain`), so a cache hit never retries a rewrite that failed.
+- Off with `KERNELCRAFT_FASTBUILD=0` (the plain key and build, exactly as before this module);
+  `KERNELCRAFT_SPLIT=0` turns off the split only.
 - Accepted risk: a call that compiles with and without the dropped headers but resolves to another
   overload. Nothing a kernel wrapper calls is overloaded by torch/all.h or pybind11 (the usual API
   was checked to compile unchanged against torch/types.h), and a torch-free .cu declares its own.
@@ -41,9 +47,12 @@ from pathlib import Path
 
 import torch.utils.cpp_extension as cpp_ext
 
+from kernelcraft import cusplit, pch
+
 _TORCH_LOAD_INLINE = cpp_ext.load_inline  # imported by kernelcraft.build before it patches torch
 FAST_VERSION = 1  # bump when the rewrite changes: it is part of the cache key
 ENV_SWITCH = "KERNELCRAFT_FASTBUILD"
+SPLIT_SWITCH = "KERNELCRAFT_SPLIT"  # 0: no split (cusplit), the other fast paths stay
 
 _HEAVY_INCLUDE = re.compile(r'^([ \t]*#[ \t]*include[ \t]*)[<"]torch/(?:extension|torch|all)\.h[>"]',
                             re.MULTILINE)
@@ -60,23 +69,37 @@ _NAMES_TORCH = re.compile(
     r"\b(?:torch|at|c10|caffe2|py|pybind11)::|\bnamespace\s+(?:torch|at|c10|caffe2)\b|\b(?:ATen|Tensor)\b"
     r"|\b(?:TORCH|AT|C10|PYBIND11|THP)_\w+|#\s*include\s*[<\"](?:torch|ATen|c10|caffe2|pybind11|Python)")
 _NO_TYPES_H = "// kernelcraft fast build: no torch/types.h (this source names nothing of torch)"
+_SPLIT_NOTE = "// kernelcraft split build: the kernels of the candidate's .cu; its host code is in main.cpp"
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+def enabled(switch: str = ENV_SWITCH) -> bool:
+    return os.environ.get(switch, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass
 class Plan:
-    """A fast build: the arguments that differ from the candidate's, and the tag for the cache key."""
+    """A fast build: the arguments that differ from the candidate's, its variant name, whether any failure
+    (not only nvcc's) falls back, and the fast build tried next if it does (then the plain build)."""
 
-    tag: str
+    variant: str
     cpp_sources: object
     cuda_sources: list[str]
     kwargs: dict = field(default_factory=dict)
+    any_failure: bool = False
+    fallback: Plan | None = None
+    header: str = "full"  # what main.cpp starts with (`pch.HEADERS`), for its precompiled header
+
+    @property
+    def tag(self) -> str:
+        """For the cache key: the variants tried, in order."""
+        return self.variant + (f"+{self.fallback.tag}" if self.fallback else "")
+
+    def chain(self) -> list[Plan]:
+        return [self] + (self.fallback.chain() if self.fallback else [])
 
 
-def plan(cpp_sources, cuda_sources, kwargs: dict | None = None) -> Plan | None:
+def plan(cpp_sources, cuda_sources, kwargs: dict | None = None, extra_cflags=None,
+         extra_cuda_cflags=None) -> Plan | None:
     """The fast build for these `load_inline` arguments, or None where the plain build is the only one."""
     kwargs = kwargs or {}
     if not cuda_sources or not enabled() or kwargs.get("no_implicit_headers"):
@@ -94,10 +117,28 @@ def plan(cpp_sources, cuda_sources, kwargs: dict | None = None) -> Plan | None:
         return Plan(f"bare-{FAST_VERSION}", ["#include <torch/extension.h>", *cpps],
                     [_NO_TYPES_H, "#include <cuda.h>", "#include <cuda_runtime.h>", *srcs],
                     {"no_implicit_headers": True})
+    types = None
     if _HEAVY_INCLUDE.search("\n".join(srcs)) and not _NEEDS_EXTENSION_H.search(code):
-        return Plan(f"types-{FAST_VERSION}", cpp_sources,
-                    [_HEAVY_INCLUDE.sub(r"\1<torch/types.h>", s) for s in srcs])
-    return None
+        types = Plan(f"types-{FAST_VERSION}", cpp_sources, [_HEAVY_INCLUDE.sub(r"\1<torch/types.h>", s) for s in srcs])
+    parts = (cusplit.split("\n".join(srcs), extra_cuda_cflags)
+             if enabled(SPLIT_SWITCH) and _host_flags_ok(extra_cflags) and _supports_no_implicit_headers() else None)
+    if parts is not None:
+        host = parts.host
+        header = "full" if _NEEDS_EXTENSION_H.search(_strip_comments("\n".join([*cpps, host]))) else "light"
+        if header == "light":  # as in `types`: the wrapper gets torch/types.h (first in the light header)
+            host = _HEAVY_INCLUDE.sub(r"\1<torch/types.h>", host)
+        return Plan(f"split-{cusplit.VERSION}", [pch.HEADERS[header].rstrip("\n"), *cpps, host],
+                    [_SPLIT_NOTE, "#include <cuda.h>", "#include <cuda_runtime.h>", parts.cuda],
+                    {"no_implicit_headers": True}, any_failure=True, fallback=types, header=header)
+    return types
+
+
+_BENIGN_HOST_FLAG = re.compile(r"-O[0-3s]?|-g\d?|-w|-W[\w=-]*|-std=(?:c|gnu)\+\+\d\w*|-fPIC|-pthread|-march=native")
+
+
+def _host_flags_ok(extra_cflags) -> bool:
+    """The split compiles the wrapper with main.cpp's flags: only where they cannot change what it computes."""
+    return all(_BENIGN_HOST_FLAG.fullmatch(str(f).strip()) for f in extra_cflags or [])
 
 
 def rewrite_cuda_sources(cuda_sources) -> list[str] | None:
@@ -152,21 +193,28 @@ class Versioner:
             self.entries[self.name] = self.saved
 
 
-def build_with_fallback(build_dir: str, name: str, fast, plain, tag: str = "fast"):
-    """Run `fast(build_dir)`; on an nvcc failure run `plain(build_dir)`. Records the variant used
-    (`tag` or `plain`) in `build_dir/.variant`."""
+def build_with_fallback(build_dir: str, name: str, plan: Plan, attempt, plain):
+    """Try the plan's builds in order (`attempt(build_dir, plan)`), then `plain(build_dir)`. A build falls
+    back on an nvcc failure, or on any failure where its plan says so; the variant that built the directory
+    (or whose failure is final) is recorded in `build_dir/.variant`, and a later load starts there."""
     variant = Path(build_dir) / ".variant"
-    if variant.exists() and variant.read_text().strip() == "plain":
-        return plain(build_dir)
-    versions = Versioner(name)
-    try:
-        mod = fast(build_dir)
-    except Exception as e:
-        if not nvcc_step_failed(build_dir, str(e)):
-            variant.write_text(f"{tag}\n")  # the .cu compiled: the failure is the plain build's too
+    steps = [(p.variant, p.any_failure, lambda d, p=p: attempt(d, p)) for p in plan.chain()]
+    steps.append(("plain", False, plain))
+    done = variant.read_text().strip() if variant.exists() else ""
+    names = [s[0] for s in steps]
+    start = names.index(done) if done in names else 0
+    for i, (tag, any_failure, build) in enumerate(steps[start:], start):
+        versions = Versioner(name)
+        try:
+            mod = build(build_dir)
+        except Exception as e:
+            if i + 1 < len(steps) and (any_failure or nvcc_step_failed(build_dir, str(e))):
+                versions.restore()
+                variant.write_text(f"{steps[i + 1][0]}\n")
+                continue
+            variant.write_text(f"{tag}\n")  # the failure is the next build's too: the candidate's error
             raise
-        versions.restore()
-        variant.write_text("plain\n")
-        return plain(build_dir)
-    variant.write_text(f"{tag}\n")
-    return mod
+        variant.write_text(f"{tag}\n")
+        return mod
+    raise AssertionError("unreachable: the plain build either returns or raises")
+

@@ -55,6 +55,17 @@ _EXT_NAME = re.compile(r"\s-DTORCH_EXTENSION_NAME=\S+")
 
 
 WARM_SETS = ([], ["-O3"])  # the extra_cflags candidates usually pass
+# What main.cpp starts with: `full` is load_inline's own line; `light` is what a split build (cusplit) puts
+# there instead, when the host code needs nothing else: the tensor API (as load_inline gives a .cu) plus what
+# the generated binding needs (pybind11 with torch's casters, torch::wrap_pybind_function). Loading its PCH
+# takes about half the time of the full one's.
+HEADERS = {"full": "#include <torch/extension.h>\n",
+           "light": "#include <torch/types.h>\n#include <torch/csrc/utils/pybind.h>\n#include <torch/csrc/Exceptions.h>\n"}
+
+
+def usual(with_cuda: bool) -> list[tuple[list[str], str]]:
+    """The (extra_cflags, header) pairs made ahead of time: the light header only for CUDA builds (split)."""
+    return [(flags, h) for h in (("full", "light") if with_cuda else ("full",)) for flags in WARM_SETS]
 _started: set[str] = set()  # keys this process already started making
 _commands: dict[tuple, str | None] = {}  # build arguments -> header command (a torch render + `c++ --version`)
 
@@ -68,19 +79,21 @@ def enabled() -> bool:
     return _mode() != "off"
 
 
-def cflags(root: Path, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: dict) -> list[str]:
-    """Flags that make main.cpp use the precompiled header of these build arguments, or [] where there is
-    none (not made yet, or not applicable)."""
-    d = _key_dir(root, extra_cflags, extra_include_paths, with_cuda, kwargs)
+def cflags(root: Path, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: dict,
+           header: str = "full") -> list[str]:
+    """Flags that make main.cpp (starting with `HEADERS[header]`) use the precompiled header of these build
+    arguments, or [] where there is none (not made yet, or not applicable)."""
+    d = _key_dir(root, extra_cflags, extra_include_paths, with_cuda, kwargs, header)
     if d is None or not (d / f"{HEADER}.gch").exists():
         return []
     return ["-include", str(d / HEADER), "-Winvalid-pch"]
 
 
-def make(root: Path, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: dict | None = None) -> Path | None:
+def make(root: Path, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: dict | None = None,
+         header: str = "full") -> Path | None:
     """Make the PCH of these build arguments now (if another process is making it, return at once);
     its directory if it exists afterwards."""
-    d = _key_dir(root, extra_cflags, extra_include_paths, with_cuda, kwargs or {}, write=True)
+    d = _key_dir(root, extra_cflags, extra_include_paths, with_cuda, kwargs or {}, header, write=True)
     if d is None or not _make(d):
         return None
     return d
@@ -93,9 +106,9 @@ def warm(root: Path, with_cuda: bool) -> list[Path]:
     if mode == "off" or (mode == "auto" and (os.cpu_count() or 1) < 8):
         return []
     started = []
-    for flags in WARM_SETS:
+    for flags, header in usual(with_cuda):
         try:
-            d = _key_dir(root, flags, [], with_cuda, {}, write=True)
+            d = _key_dir(root, flags, [], with_cuda, {}, header, write=True)
             if d is None or d.name in _started or (d / f"{HEADER}.gch").exists() or (d / "failed").exists():
                 continue
             _started.add(d.name)
@@ -112,7 +125,8 @@ def _spawn(d: Path) -> None:
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _key_dir(root, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: dict, write: bool = False):
+def _key_dir(root, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: dict, header: str = "full",
+             write: bool = False):
     if not enabled() or not sys.platform.startswith("linux") or kwargs.get("no_implicit_headers"):
         return None
     memo = (tuple(map(str, extra_cflags or [])), tuple(map(str, extra_include_paths or [])), bool(with_cuda),
@@ -125,12 +139,14 @@ def _key_dir(root, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: d
     cmd = _commands[memo]
     if cmd is None:
         return None
-    d = Path(root) / hashlib.sha256(cmd.encode()).hexdigest()[:24]
+    text = HEADERS[header]
+    d = Path(root) / hashlib.sha256((cmd if header == "full" else f"{cmd}\n{text}").encode()).hexdigest()[:24]
     if write and not (d / "command").exists():
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f"command.{os.getpid()}"
-        tmp.write_text(cmd + "\n")
-        os.replace(tmp, d / "command")
+        for name, content in ((HEADER, text), ("command", cmd + "\n")):  # the header first: `command` = ready
+            tmp = d / f"{name}.{os.getpid()}"
+            tmp.write_text(content)
+            os.replace(tmp, d / name)
     return d
 
 
@@ -174,7 +190,8 @@ def _make(d: Path) -> bool:
             return False  # being made by another process
         if (d / f"{HEADER}.gch").exists():
             return True
-        (d / HEADER).write_text("#include <torch/extension.h>\n")
+        if not (d / HEADER).exists():  # made by an earlier version: the full header
+            (d / HEADER).write_text(HEADERS["full"])
         cmd = (d / "command").read_text().split("  # ")[0]
         try:
             r = subprocess.run(cmd, shell=True, cwd=d, capture_output=True, text=True, timeout=900)

@@ -54,6 +54,11 @@ def test_rewrite_not_tried(src):
     assert fastbuild.rewrite_cuda_sources(src) is None
 
 
+@pytest.fixture(autouse=True)
+def _no_split_by_default(monkeypatch):
+    monkeypatch.setenv("KERNELCRAFT_SPLIT", "0")
+
+
 def test_rewrite_ignores_comments_and_honours_the_switch(monkeypatch):
     assert fastbuild.rewrite_cuda_sources(CU + "// unlike torch::nn::Linear, no pybind11 here\n") is not None
     monkeypatch.setenv("KERNELCRAFT_FASTBUILD", "0")
@@ -107,6 +112,7 @@ class FakeTorchBuild:
         versions[name] = ("hash", len(self.calls))  # torch records a version even for a failed build
         (d / "cuda.cu").write_text(cuda)
         bare = bool(kw.get("no_implicit_headers"))
+        split = fastbuild._SPLIT_NOTE in cuda
         fast = bare or "torch/types.h" in cuda
         if bare:
             cpp = cpp.replace("#include <torch/extension.h>\n", "", 1)
@@ -118,10 +124,11 @@ class FakeTorchBuild:
                                f"1 error detected in the compilation of \"{d}/cuda.cu\".\n"
                                f"ninja: build stopped: subcommand failed.\n")
         (d / "cuda.cuda.o").write_text("obj")
-        if "BAD_CPP" in cpp:
+        if "BAD_CPP" in cpp or (split and "SPLIT_BAD_CPP" in cpp):
             raise RuntimeError(f"Error building extension '{name}': [2/3] c++ -c main.cpp\nFAILED: main.o\n"
                                f"c++ -c main.cpp -o main.o\n{d}/main.cpp:2:1: error: expected ';'\n")
-        return {"variant": "bare" if bare else "fast" if fast else "plain", "calls": len(self.calls), "cpp": cpp}
+        return {"variant": "split" if split else "bare" if bare else "fast" if fast else "plain",
+                "calls": len(self.calls), "cpp": cpp}
 
 
 @pytest.fixture
@@ -130,6 +137,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(build, "_orig_load_inline", f)
     monkeypatch.setattr(cpp_ext.JIT_EXTENSION_VERSIONER, "entries", {})
     monkeypatch.delenv("KERNELCRAFT_FASTBUILD", raising=False)
+    monkeypatch.setenv("KERNELCRAFT_SPLIT", "0")  # the types/bare paths; the split's chain is tested below
     return f
 
 
@@ -206,6 +214,43 @@ def test_failure_outside_nvcc_is_not_retried(fake, tmp_path):
     assert "expected ';'" in err.value.log
 
 
+# -- the split's chain: split -> types -> plain ----------------------------------------------------------
+SPLIT_V, TYPES_V = f"split-{fastbuild.cusplit.VERSION}", f"types-{fastbuild.FAST_VERSION}"
+
+
+def test_split_builds_once_with_its_own_key(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELCRAFT_SPLIT", "1")
+    mod = load(tmp_path, CU)
+    assert mod["variant"] == "split" and len(fake.calls) == 1
+    assert "kc_split_launch(k, 1, 32)" in mod["cpp"] and "torch/" not in fake.calls[0]["cuda"]
+    assert (fake.calls[0]["dir"] / ".variant").read_text().strip() == SPLIT_V
+    monkeypatch.setenv("KERNELCRAFT_SPLIT", "0")
+    load(tmp_path, CU)
+    assert fake.calls[1]["dir"] != fake.calls[0]["dir"], "split and types builds never share a directory"
+
+
+def test_split_falls_back_on_any_failure_then_types_then_plain(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELCRAFT_SPLIT", "1")
+    src = CU.replace("return y; }", "return y; /* SPLIT_BAD_CPP */ }")  # host code: main.cpp fails in the split
+    mod = load(tmp_path, src)
+    assert mod["variant"] == "fast" and len(fake.calls) == 2, "a main.cpp failure of the split falls back to types"
+    assert fake.calls[0]["dir"] == fake.calls[1]["dir"] and fake.calls[1]["version"] is None
+    assert (fake.calls[0]["dir"] / ".variant").read_text().strip() == TYPES_V
+    assert load(tmp_path, src)["variant"] == "fast" and len(fake.calls) == 3, "a hit starts at the variant built"
+    mod = load(tmp_path / "b", src + "// NEEDS_EXT\n")  # then types fails in nvcc: plain
+    assert mod["variant"] == "plain" and len(fake.calls) == 6
+    assert (fake.calls[-1]["dir"] / ".variant").read_text().strip() == "plain"
+
+
+def test_split_broken_candidate_gets_the_plain_builds_error(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELCRAFT_SPLIT", "1")
+    src = CU.replace("k<<<", "undefined_thing = 1; k<<<").replace("\n", "\n// BROKEN\n", 1)
+    with pytest.raises(BuildError) as err:
+        load(tmp_path, src)
+    assert len(fake.calls) == 3 and fake.calls[2]["cuda"] == src, "split, types, then the plain build's error"
+    assert 'identifier "undefined_thing" is undefined' in err.value.log
+
+
 def test_nvcc_step_failed_reads_ninja_or_the_objects(tmp_path):
     assert fastbuild.nvcc_step_failed(str(tmp_path), "FAILED: [code=1] cuda.cuda.o \nerror")
     assert not fastbuild.nvcc_step_failed(str(tmp_path), "FAILED: main.o\nerror")
@@ -217,9 +262,11 @@ def test_nvcc_step_failed_reads_ninja_or_the_objects(tmp_path):
 
 # -- real torch ----------------------------------------------------------------------------------------
 @pytest.mark.skipif(torch.version.cuda is not None, reason="CPU-only torch: the CUDA build fails before nvcc")
-def test_cuda_candidate_on_cpu_torch_same_error_either_way(cache_dir, monkeypatch):
-    """No CUDA in torch: load_inline with cuda_sources fails (no CUDA_HOME); the fast path falls back and
-    the verdict is the plain build's compile_error, word for word."""
+@pytest.mark.parametrize("split", ["0", "1"])
+def test_cuda_candidate_on_cpu_torch_same_error_either_way(cache_dir, monkeypatch, split):
+    """No CUDA in torch: load_inline with cuda_sources fails (no CUDA_HOME); the fast path (the split, then
+    types) falls back and the verdict is the plain build's compile_error, word for word."""
+    monkeypatch.setenv("KERNELCRAFT_SPLIT", split)
     cand = FIXTURES / "legit" / "gpu_cuda_add_relu.py"
     task = FIXTURES / "tasks" / "tiny_elementwise.py"
     opts = {"timing": False, "trials": 1, "timeout_s": 60.0, "build_timeout_s": 120.0}
@@ -267,3 +314,34 @@ def test_gpu_broken_kernel_same_trimmed_error(tmp_path, monkeypatch):
     assert 'identifier "zero_value" is undefined' in fast.message
     norm = lambda s: re.sub(r"/\S+/(?=cuda\.cu)", "", s)
     assert norm(fast.message) == norm(plain.message)
+
+
+SPLIT_CAND = FIXTURES / "legit" / "gpu_cuda_split_forms.py"
+
+
+@pytest.mark.gpu
+def test_gpu_split_builds_are_correct(tmp_path, monkeypatch):
+    """The split (kernels through nvcc without torch, the wrapper in main.cpp, launches through
+    cudaLaunchKernel): every launch form of the fixture, and the plain fixture, correct."""
+    monkeypatch.setenv("KERNELCRAFT_SPLIT", "1")
+    for cand, ext in ((GPU_CAND, "kc_test_cuda_add_relu"), (SPLIT_CAND, "kc_test_cuda_split_forms")):
+        v = evaluate(GPU_TASK, cand, cache_dir=tmp_path, **GPU_OPTS)
+        assert v.status == "correct", f"{cand.name}: {v.status}/{v.reasons}: {v.message[:2000]}"
+        assert _variant(tmp_path, ext) == SPLIT_V
+
+
+@pytest.mark.gpu
+def test_gpu_split_launch_error_as_in_a_types_build(tmp_path, monkeypatch):
+    """An invalid launch configuration reaches C10_CUDA_KERNEL_LAUNCH_CHECK the same way through the split's
+    cudaLaunchKernel as through <<<>>>."""
+    src = GPU_CAND.read_text().replace("kc_test_cuda_add_relu", "kc_split_badcfg").replace(
+        "const int threads = 256;", "const int threads = 4096;")
+    verdicts = {}
+    for split in ("1", "0"):
+        monkeypatch.setenv("KERNELCRAFT_SPLIT", split)
+        verdicts[split] = evaluate(GPU_TASK, src, cache_dir=tmp_path / split, **GPU_OPTS)
+    assert _variant(tmp_path / "1", "kc_split_badcfg") == SPLIT_V
+    assert _variant(tmp_path / "0", "kc_split_badcfg") == TYPES_V
+    s, t = verdicts["1"], verdicts["0"]
+    assert (s.status, s.reasons) == (t.status, t.reasons) and s.status != "correct", (s, t)
+    assert "invalid configuration argument" in s.message and "invalid configuration argument" in t.message

@@ -120,3 +120,26 @@ def test_a_failed_make_is_not_retried(tmp_path):
     assert r.returncode == 1 and (d / "failed").exists()
     (d / "command").write_text("touch kc_torch.h.gch.tmp  # would succeed now\n")
     assert pch._make(d) is False and not (d / f"{pch.HEADER}.gch").exists()
+
+
+def test_light_header_for_split_builds(tmp_path):
+    """The light header (what a split build's main.cpp starts with) has its own key, is what g++ loads for
+    such a main.cpp, and is made ahead only for CUDA builds."""
+    assert pch.usual(False) == [(f, "full") for f in pch.WARM_SETS]
+    assert sorted({h for _, h in pch.usual(True)}) == ["full", "light"]
+    full = pch._key_dir(tmp_path, [], [], False, {}, "full")
+    light = pch._key_dir(tmp_path, [], [], False, {}, "light")
+    assert full != light and full.parent == light.parent
+    d = pch.make(tmp_path, [], [], False, header="light")
+    assert d == light and (d / "kc_torch.h").read_text() == pch.HEADERS["light"]
+    flags = pch.cflags(tmp_path, [], [], False, {}, "light")
+    assert flags[1] == str(d / "kc_torch.h") and pch.cflags(tmp_path, [], [], False, {}) == []
+    main = tmp_path / "main.cpp"
+    main.write_text(pch.HEADERS["light"] + CPP + "\nPYBIND11_MODULE(kc_x, m) {\n"
+                    'm.def("twice", torch::wrap_pybind_function(twice), "twice");\n}\n')
+    compile_cmd = (d / "command").read_text().split(" -x c++-header")[0]
+    r = subprocess.run(f"{compile_cmd} -DTORCH_EXTENSION_NAME=kc_x {' '.join(flags)} -H -fsyntax-only {main}",
+                       shell=True, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"! {d / 'kc_torch.h.gch'}" in r.stderr, r.stderr[:2000]
+    assert "torch/extension.h" not in r.stderr, "the binding compiles without the full header"

@@ -1,0 +1,338 @@
+"""Split a candidate's `.cu` into a torch-free `.cu` (kernels) and host code for main.cpp (the wrapper).
+
+Why: nvcc's cost in a `load_inline` build is parsing torch's headers, three times (BENCHMARKS.md, "Cold
+build"); the kernels need none of them. A typical LLM candidate (KernelBench's example and everything
+imitating it) keeps kernels and the Tensor wrapper in one `.cu` that includes `torch/extension.h`. Moved
+to main.cpp — compiled by g++ against the precompiled torch/extension.h (`kernelcraft.pch`) — the wrapper
+costs seconds, and nvcc compiles a `.cu` without torch in ~1-2 s.
+
+Design decisions
+- Top-level declarations are the unit: a scanner (comments, string and character literals, preprocessor
+  lines, brace/paren depth) cuts the source into top-level chunks; each goes to the `.cu`, to main.cpp or
+  to both, in its original order. `__global__` definitions go to the `.cu`, and to main.cpp as a plain
+  declaration (`__global__` and `__launch_bounds__` dropped): for nvcc the host side of a kernel is an
+  ordinary external function (its launch stub) of that signature, and `cudaLaunchKernel` takes its address.
+  `__device__` functions go to the `.cu`, `__host__ __device__` ones to both, other functions (the
+  wrapper, host helpers) and anything naming torch to main.cpp; types, constants, macros and non-torch
+  includes to both.
+- A launch `k<<<grid, block[, smem[, stream]]>>>(args)` in host code becomes
+  `kc_split_launch(k, grid, block[, smem[, stream]])(args)`: a lambda whose parameters have the kernel's
+  own parameter types, so the arguments convert exactly as at a launch (copy-initialisation), then
+  `cudaLaunchKernel` with the default stream and no shared memory unless given, as `<<<>>>` does. Launch
+  errors reach `cudaGetLastError` the same way.
+- Declines (returns None, and the `types` path is tried) rather than guesses: templates of kernels (the
+  instantiations the host needs cannot be named without torch's types), preprocessor conditionals,
+  `__CUDA_ARCH__`, namespaces and `extern "C"` blocks, device variables (`__constant__`, `__device__`,
+  `__managed__`), launches inside device code, a launch of anything but a known kernel name, device code
+  that names torch, raw strings, flags in `extra_cuda_cflags` that would reach the host code in a plain
+  build (`-D`, `-U`, `-I`, `-X...`, per-thread default stream), and any chunk the scanner cannot classify.
+- Anything the rewrite gets wrong fails to compile, link or import (a host-only name missing from the
+  `.cu`, a device-only one from main.cpp, a duplicate definition): the build then falls back (`fastbuild`),
+  so a valid candidate never pays for the split with its verdict. What a split build cannot change: the
+  kernels' code and flags (the same text through nvcc with the candidate's `extra_cuda_cflags`).
+  Accepted difference: the host wrapper is compiled by g++ with main.cpp's flags instead of nvcc's host
+  pass (no `__CUDACC__` in host code, which the decline list above keeps out of the wrapper's own text).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+VERSION = 1  # bump when the split changes: it is part of the build cache key
+LAUNCHER = r"""
+// kernelcraft split build: a launch with the kernel's own parameter types (see kernelcraft/cusplit.py)
+template <typename... P>
+static inline auto kc_split_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shmem = 0,
+                                   cudaStream_t stream = 0) {
+    return [=](P... args) {
+        void* argv[] = {(void*)&args..., nullptr};
+        (void)cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, shmem, stream);
+    };
+}
+"""
+_TORCH_INCLUDE = re.compile(r'#\s*include\s*[<"](?:torch|ATen|c10|caffe2|pybind11|Python)\b')
+_NAMES_TORCH = re.compile(
+    r"\b(?:torch|at|c10|caffe2|py|pybind11)::|\bnamespace\s+(?:torch|at|c10|caffe2)\b|\b(?:ATen|Tensor)\b"
+    r"|\b(?:TORCH|AT|C10|PYBIND11|THP)_\w+|\bPy[A-Z]\w*")
+_DECLINE_TEXT = re.compile(r"__CUDA_ARCH__|\bR\"|CUDA_API_PER_THREAD_DEFAULT_STREAM|\b__managed__\b|\b__constant__\b"
+                           r"|cudaMemcpy(?:To|From)Symbol|cudaGetSymbolAddress")
+_DECLINE_DIRECTIVE = re.compile(r"#\s*(?:if|ifdef|ifndef|elif|else|endif|line|error)\b")
+_BAD_CUDA_FLAG = re.compile(r"^(?:-D|-U|-I|-X|--compiler-options|--define-macro|--undefine-macro|--include-path"
+                            r"|-include|--pre-include|-default-stream|--default-stream|-rdc|--relocatable-device-code"
+                            r"|-dc\b|--device-c\b|-G\b|--device-debug)")
+_LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\(")
+_ATTRIBUTE = re.compile(r"__attribute__\s*\(\(")
+_KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "decltype", "alignas", "static_assert"}
+
+
+@dataclass
+class Split:
+    cuda: str  # the torch-free .cu (host-only chunks blanked, so line numbers stay the candidate's)
+    host: str  # for main.cpp, after torch/extension.h and the candidate's cpp_sources
+    kernels: list[str]
+
+
+def split(cuda_source: str, extra_cuda_cflags=None) -> Split | None:
+    """The split of one `.cu` source, or None where this module declines (see the docstring)."""
+    if any(_BAD_CUDA_FLAG.match(str(f).strip()) for f in extra_cuda_cflags or []):
+        return None
+    masked = _mask(cuda_source)
+    if masked is None or _DECLINE_TEXT.search(masked) or _DECLINE_DIRECTIVE.search(masked):
+        return None
+    chunks = _chunks(cuda_source, masked)
+    if chunks is None:
+        return None
+    kernels: dict[str, str] = {}  # name -> host declaration
+    placed = []  # (text, masked text, where, kernel declaration or None)
+    for text, mtext in chunks:
+        where = _classify(mtext)
+        if where is None:
+            return None
+        if where == "both" and _NAMES_TORCH.search(mtext):
+            where = "host"  # a type or constant naming torch: the kernels cannot use it either
+        decl = None
+        if where == "kernel":
+            header = mtext.split("{", 1)[0] if mtext.rstrip().endswith("}") else mtext.rstrip().rstrip(";")
+            name = _function_name(header)
+            if name is None or re.match(r"\s*template\b", header) or re.search(r"\bstatic\b", header):
+                return None
+            decl = _host_declaration(header) + ";"  # from the masked text: no comment can hide the `;`
+            kernels[name] = decl
+        placed.append((text, mtext, where, decl))
+    if not kernels:
+        return None
+    cuda_parts, host_parts = [], []
+    for text, mtext, where, decl in placed:
+        on_device = where in ("kernel", "device", "both")
+        on_host = where in ("host", "both")
+        if on_device:
+            if _NAMES_TORCH.search(mtext) or "<<<" in mtext:
+                return None  # device code naming torch, or a launch from device code
+            cuda_parts.append(text)
+        else:
+            cuda_parts.append("\n" * text.count("\n"))
+        if where == "kernel":
+            host_parts.append(decl + "\n")
+        elif on_host:
+            rewritten = _rewrite_launches(text, mtext, kernels) if "<<<" in mtext else text
+            if rewritten is None:
+                return None
+            host_parts.append(rewritten)
+    host = "#include <cuda_runtime.h>\n" + LAUNCHER + "".join(host_parts)
+    return Split(cuda="".join(cuda_parts), host=host, kernels=list(kernels))
+
+
+def _mask(src: str) -> str | None:
+    """`src` with comments and the insides of string/char literals blanked (same length; newlines kept)."""
+    out = list(src)
+    i, n = 0, len(src)
+    while i < n:
+        c = src[i]
+        if src.startswith("//", i):
+            j = src.find("\n", i)
+            j = n if j < 0 else j
+            out[i:j] = " " * (j - i)
+            i = j
+        elif src.startswith("/*", i):
+            j = src.find("*/", i + 2)
+            if j < 0:
+                return None
+            out[i:j + 2] = [ch if ch == "\n" else " " for ch in src[i:j + 2]]
+            i = j + 2
+        elif c in "\"'":
+            j = i + 1
+            while j < n and src[j] != c:
+                if src[j] == "\n":
+                    return None
+                j += 2 if src[j] == "\\" else 1
+            if j >= n:
+                return None
+            out[i + 1:j] = " " * (j - i - 1)
+            i = j + 1
+        else:
+            i += 1
+    return "".join(out)
+
+
+def _chunks(src: str, masked: str) -> list[tuple[str, str]] | None:
+    """Top-level chunks (original text, masked text): preprocessor lines, and declarations or definitions
+    ending with `;` or, for function definitions, with their closing brace. Whitespace goes with the
+    chunk that follows it."""
+    chunks, start, i, n = [], 0, 0, len(masked)
+    depth = 0  # braces and parens together
+    while i < n:
+        c = masked[i]
+        if depth == 0 and c == "#" and masked[start:i].strip() == "" and _at_line_start(masked, i):
+            j = i
+            while True:  # the directive, with its backslash continuations
+                k = masked.find("\n", j)
+                if k < 0:
+                    j = n
+                    break
+                if masked[k - 1] == "\\":
+                    j = k + 1
+                    continue
+                j = k + 1
+                break
+            chunks.append((src[start:j], masked[start:j]))
+            start = i = j
+            continue
+        if c == "#" and depth == 0 and _at_line_start(masked, i):
+            return None  # a directive in the middle of a declaration
+        if c in "({[":
+            depth += 1
+        elif c in ")}]":
+            depth -= 1
+            if depth < 0:
+                return None
+            if c == "}" and depth == 0 and _is_function_definition(masked[start:i + 1]):
+                chunks.append((src[start:i + 1], masked[start:i + 1]))
+                start = i + 1
+        elif c == ";" and depth == 0:
+            chunks.append((src[start:i + 1], masked[start:i + 1]))
+            start = i + 1
+        i += 1
+    if depth != 0:
+        return None
+    if masked[start:].strip():
+        return None  # trailing text that is not a complete declaration
+    if start < n:
+        chunks.append((src[start:], masked[start:]))
+    return chunks
+
+
+def _at_line_start(text: str, i: int) -> bool:
+    j = text.rfind("\n", 0, i)
+    return text[j + 1:i].strip() == ""
+
+
+def _is_function_definition(mtext: str) -> bool:
+    """Does this text, ending with a closing brace at depth 0, define a function (not a type or a
+    brace-initialised variable, which end with `;`)?"""
+    head = _strip_template_params(mtext.split("{", 1)[0])
+    if re.search(r"\b(?:struct|class|union|enum|namespace)\b", head):
+        return False
+    d0 = _depth0(head).rstrip()
+    if "=" in d0 or "(" not in d0:
+        return False
+    return re.search(r"\)\s*(?:(?:const|noexcept|override|final)\b\s*)*(?:->[^{;]*)?$", d0) is not None
+
+
+def _strip_template_params(header: str) -> str:
+    m = re.match(r"\s*template\s*<", header)
+    if not m:
+        return header
+    depth, i = 1, m.end()
+    while i < len(header) and depth:
+        depth += {"<": 1, ">": -1}.get(header[i], 0)
+        i += 1
+    return header[i:]
+
+
+def _depth0(text: str) -> str:
+    """The characters of `text` outside any parentheses/brackets (the groups become `()`)."""
+    out, depth = [], 0
+    for c in text:
+        if c in "([":
+            if depth == 0:
+                out.append("(")
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+            if depth == 0:
+                out.append(")")
+        elif depth == 0:
+            out.append(c)
+    return "".join(out)
+
+
+def _classify(mtext: str) -> str | None:
+    """Where a chunk goes: kernel, device, both, host; None to decline."""
+    body = mtext.strip()
+    if not body:
+        return "both"
+    if body.startswith("#"):
+        if _TORCH_INCLUDE.match(body) or _NAMES_TORCH.search(body):
+            return "host"  # torch's headers, and macros naming torch (CHECK_CUDA(x) -> TORCH_CHECK ...)
+        if re.match(r"#\s*(?:include|define|undef|pragma)\b", body):
+            return "both"
+        return None
+    if re.search(r'\bextern\s*"|\bnamespace\s*\w*\s*\{', body):  # linkage specs (strings blanked), namespaces
+        return None
+    if re.match(r"namespace\b", body):
+        return "host"  # a namespace alias (`namespace py = pybind11;`)
+    is_def = body.endswith("}") and _is_function_definition(body)
+    header = body.split("{", 1)[0] if is_def else body
+    quals = set(re.findall(r"\b(__global__|__device__|__host__)\b", header))
+    if "__global__" in quals:
+        return "kernel" if is_def or _function_name(header.rstrip(";")) else None
+    if "__device__" in quals:
+        if not is_def and not _function_name(header.rstrip(";")):
+            return None  # a __device__ variable
+        return "both" if "__host__" in quals else "device"
+    if "__shared__" in header:
+        return "device"  # a file-scope `extern __shared__` array
+    if is_def:
+        return "host"
+    if _NAMES_TORCH.search(body):
+        return "host"
+    if re.match(r"(?:typedef|using|static_assert)\b", body) or re.match(
+            r"(?:template\s*<.*?>\s*)?(?:struct|class|union|enum)\b", body, re.DOTALL):
+        return "both"
+    head = _depth0(_strip_template_params(body))
+    if "=" in head or "(" not in head:  # a variable: constants to both, mutable globals stay on the host
+        return "both" if re.search(r"\b(?:const|constexpr)\b", head) else "host"
+    return "host"  # a host function's prototype
+
+
+def _function_name(header: str) -> str | None:
+    """The declared function's name: the identifier before the header's only parameter list."""
+    h = _remove_call(_remove_call(_strip_template_params(header), _LAUNCH_BOUNDS), _ATTRIBUTE)
+    d0 = _depth0(h)
+    m = re.search(r"(\w+)\s*\(", d0)
+    if d0.count("(") != 1 or not m or m.group(1) in _KEYWORDS:
+        return None
+    return m.group(1)
+
+
+def _remove_call(text: str, opener: re.Pattern) -> str:
+    """`text` without each `opener(...)` (balanced parentheses)."""
+    while (m := opener.search(text)) is not None:
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        text = text[:m.start()] + " " + text[i:]
+    return text
+
+
+def _host_declaration(header: str) -> str:
+    h = _remove_call(header, _LAUNCH_BOUNDS)
+    h = re.sub(r"\b__global__\b", "", h)
+    return h.strip()
+
+
+_LAUNCH = re.compile(r"\b([A-Za-z_]\w*)\s*<<<")
+
+
+def _rewrite_launches(text: str, mtext: str, kernels: dict) -> str | None:
+    """Each `k<<<cfg>>>(args)` of a known kernel `k` becomes `kc_split_launch(k, cfg)(args)`; any other
+    `<<<` declines."""
+    out, pos = [], 0
+    for m in _LAUNCH.finditer(mtext):
+        name = m.group(1)
+        if name not in kernels:
+            return None
+        close = mtext.find(">>>", m.end())
+        if close < 0 or "<<<" in mtext[m.end():close] or not re.match(r"\s*\(", mtext[close + 3:]):
+            return None
+        cfg = text[m.end():close]
+        if not 2 <= _depth0(mtext[m.end():close]).count(",") + 1 <= 4:
+            return None
+        out.append(text[pos:m.start()])
+        out.append(f"kc_split_launch({name}, {cfg.strip()})")
+        pos = close + 3
+    if mtext.count("<<<") != len(_LAUNCH.findall(mtext)):
+        return None
+    out.append(text[pos:])
+    return "".join(out)
