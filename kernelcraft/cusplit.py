@@ -17,9 +17,11 @@ Design decisions
   includes to both.
 - A launch `k<<<grid, block[, smem[, stream]]>>>(args)` in host code becomes
   `kc_split_launch(k, grid, block[, smem[, stream]])(args)`: a lambda whose parameters have the kernel's
-  own parameter types, so the arguments convert exactly as at a launch (copy-initialisation), then
-  `cudaLaunchKernel` with the default stream and no shared memory unless given, as `<<<>>>` does. Launch
-  errors reach `cudaGetLastError` the same way.
+  own parameter types, so the arguments convert exactly as at a launch, then what nvcc makes of `<<<>>>`:
+  `__cudaPushCallConfiguration` (cudart's, what every nvcc-compiled launch calls) and a call of the kernel's
+  host stub, which pops the configuration and launches. Same code path, so the same errors (an invalid
+  block size is `invalid configuration argument`, as with `<<<>>>`; a bare `cudaLaunchKernel` would say
+  `invalid argument`) and the same default stream and shared memory.
 - Declines (returns None, and the `types` path is tried) rather than guesses: templates of kernels (the
   instantiations the host needs cannot be named without torch's types), preprocessor conditionals,
   `__CUDA_ARCH__`, namespaces and `extern "C"` blocks, device variables (`__constant__`, `__device__`,
@@ -40,14 +42,15 @@ from dataclasses import dataclass
 
 VERSION = 1  # bump when the split changes: it is part of the build cache key
 LAUNCHER = r"""
-// kernelcraft split build: a launch with the kernel's own parameter types (see kernelcraft/cusplit.py)
+// kernelcraft split build: k<<<grid, block, shmem, stream>>>(args) as nvcc expands it (push the launch
+// configuration, call the kernel's host stub, which nvcc defines in the .cu), with the kernel's own parameter
+// types (see kernelcraft/cusplit.py)
+extern "C" unsigned __cudaPushCallConfiguration(dim3 gridDim, dim3 blockDim, size_t sharedMem,
+                                                struct CUstream_st* stream);
 template <typename... P>
 static inline auto kc_split_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shmem = 0,
                                    cudaStream_t stream = 0) {
-    return [=](P... args) {
-        void* argv[] = {(void*)&args..., nullptr};
-        (void)cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, shmem, stream);
-    };
+    return [=](P... args) { __cudaPushCallConfiguration(grid, block, shmem, stream) ? (void)0 : kernel(args...); };
 }
 """
 _TORCH_INCLUDE = re.compile(r'#\s*include\s*[<"](?:torch|ATen|c10|caffe2|pybind11|Python)\b')

@@ -51,7 +51,8 @@ def test_splits_the_kernelbench_example():
     assert "__global__ void elementwise_add_kernel" in s.cuda
     assert s.cuda.count("\n") == KB_EXAMPLE.count("\n"), "compiler line numbers stay the candidate's"
     assert "void elementwise_add_kernel(const float* a, const float* b, float* out, int size);" in s.host
-    assert "__global__" not in s.host and "<<<" not in s.host
+    assert cusplit.LAUNCHER in s.host
+    assert "__global__" not in s.host.replace(cusplit.LAUNCHER, "") and "<<<" not in s.host.replace(cusplit.LAUNCHER, "")
     assert ("kc_split_launch(elementwise_add_kernel, num_blocks, block_size)(a.data_ptr<float>(), "
             "b.data_ptr<float>(), out.data_ptr<float>(), size);") in s.host
     assert s.host.index("#include <torch/extension.h>") < s.host.index("torch::Tensor elementwise_add_cuda")
@@ -176,24 +177,19 @@ FAKE_CUDA = r"""
 #include <cstdint>
 #include <cstddef>
 struct dim3 { unsigned x, y, z; constexpr dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
-typedef struct CUstream_st* cudaStream_t;
-typedef int cudaError_t;
+struct CUstream_st;
+typedef CUstream_st* cudaStream_t;
 struct Params { int n; float scale; };
-void k_mixed(int n, float a, const double* p, int64_t m, Params q);
-void k_none();
-void k_mixed(int, float, const double*, int64_t, Params) {}
-void k_none() {}
-cudaError_t cudaLaunchKernel(const void* fn, dim3 g, dim3 b, void** args, size_t smem, cudaStream_t s) {
+static unsigned g_push_result = 0;
+extern "C" unsigned __cudaPushCallConfiguration(dim3 g, dim3 b, size_t smem, CUstream_st* s) {
     std::printf("grid %u %u %u block %u %u %u smem %zu stream %p\n", g.x, g.y, g.z, b.x, b.y, b.z, smem, (void*)s);
-    if (fn == (const void*)&k_mixed) {
-        const Params q = *(Params*)args[4];
-        std::printf("k_mixed %d %.9g %p %lld %d %.9g end %p\n", *(int*)args[0], *(float*)args[1],
-                    (const void*)*(const double**)args[2], (long long)*(int64_t*)args[3], q.n, q.scale, args[5]);
-    } else if (fn == (const void*)&k_none) {
-        std::printf("k_none end %p\n", args[0]);
-    }
-    return 0;
+    return g_push_result;
 }
+// stand-ins for nvcc's host stubs: what the stub receives is what the kernel receives
+void k_mixed(int n, float a, const double* p, int64_t m, Params q) {
+    std::printf("k_mixed %d %.9g %p %lld %d %.9g\n", n, a, (const void*)p, (long long)m, q.n, q.scale);
+}
+void k_none() { std::printf("k_none\n"); }
 """
 MAIN = r"""
 int main() {
@@ -204,6 +200,8 @@ int main() {
     Params q{5, 0.5f};
     kc_split_launch(k_mixed, dim3(4, 2), 128)(n, a, buf, m, q);
     kc_split_launch(k_none, 1, 32, 64, (cudaStream_t)0x10)();
+    g_push_result = 1;  // a configuration cudart rejects: the stub is not called, as with <<<>>>
+    kc_split_launch(k_none, 1, 4096)();
     std::printf("buf %p\n", (void*)buf);
     return 0;
 }
@@ -217,9 +215,9 @@ def test_launch_converts_and_packs_arguments_like_a_launch(tmp_path):
     out = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, check=True).stdout.splitlines()
     buf = out[-1].split()[1]
     assert out[0] == "grid 4 2 1 block 128 1 1 smem 0 stream (nil)", "<<<g, b>>>: no shared memory, stream 0"
-    assert out[1] == f"k_mixed 7 0.100000001 {buf} -3 5 0.5 end (nil)", "converted to the kernel's parameter types"
-    assert out[2] == "grid 1 1 1 block 32 1 1 smem 64 stream 0x10"
-    assert out[3] == "k_none end (nil)"
+    assert out[1] == f"k_mixed 7 0.100000001 {buf} -3 5 0.5", "converted to the kernel's parameter types"
+    assert out[2:4] == ["grid 1 1 1 block 32 1 1 smem 64 stream 0x10", "k_none"]
+    assert out[4:] == ["grid 1 1 1 block 4096 1 1 smem 0 stream (nil)", f"buf {buf}"], "rejected: no call"
 
 
 # -- a real split build: nvcc on the torch-free .cu, g++ on main.cpp, the link --------------------------
