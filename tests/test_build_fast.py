@@ -332,8 +332,8 @@ def test_gpu_split_builds_are_correct(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_split_launch_error_as_in_a_types_build(tmp_path, monkeypatch):
-    """An invalid launch configuration reaches C10_CUDA_KERNEL_LAUNCH_CHECK the same way through the split's
-    cudaLaunchKernel as through <<<>>>."""
+    """An invalid launch configuration (4096 threads a block) fails the same way, with the same CUDA error,
+    through the split's launch as through <<<>>> in the .cu."""
     src = GPU_CAND.read_text().replace("kc_test_cuda_add_relu", "kc_split_badcfg").replace(
         "const int threads = 256;", "const int threads = 4096;")
     verdicts = {}
@@ -344,4 +344,5 @@ def test_gpu_split_launch_error_as_in_a_types_build(tmp_path, monkeypatch):
     assert _variant(tmp_path / "0", "kc_split_badcfg") == TYPES_V
     s, t = verdicts["1"], verdicts["0"]
     assert (s.status, s.reasons) == (t.status, t.reasons) and s.status != "correct", (s, t)
-    assert "invalid configuration argument" in s.message and "invalid configuration argument" in t.message
+    first = lambda v: v.message.splitlines()[0]  # the CUDA error, named as the runtime names it
+    assert first(s) == first(t) and "CUDA error" in first(s), (s.message, t.message)
