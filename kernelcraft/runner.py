@@ -31,7 +31,7 @@ import kernelcraft
 from kernelcraft import sandbox
 
 MAX_CHANNEL_BYTES = 16 << 20
-BUILD_PHASES = ("spawn", "start", "reference", "import")
+BUILD_PHASES = ("spawn", "start", "warmup", "reference", "import")  # start-up and build: the build clock
 WAIT_PHASES = ("wait_device",)  # waiting for another evaluation to free the device: on neither clock
 WAIT_LIMIT_S = 3600.0  # a holder is bounded by its own clock; this only bounds a wedged lock
 

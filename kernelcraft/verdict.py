@@ -99,7 +99,9 @@ class Verdict(BaseModel):
     mode: Literal["open", "strict"] = "open"
     guards: list[str] = Field(default_factory=list, description="runtime guards that ran")
     phases_s: dict[str, float] = Field(default_factory=dict, description="seconds per worker phase (spawn, "
-                                       "reference, import, wait_device, init, check, time); empty without a worker")
+                                       "and on a GPU start = CUDA context, warmup = first profiler start in strict "
+                                       "mode; reference, import, wait_device, init, check, time); empty without a "
+                                       "worker")
 
     @model_validator(mode="after")
     def _speedup_only_when_correct(self):

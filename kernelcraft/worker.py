@@ -162,11 +162,13 @@ class Evaluation:
     # -- phases ------------------------------------------------------------------------------------
     def run(self) -> dict:
         job = self.job
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # phases of their own, so a verdict shows where start-up time goes
+            self.enter("start")  # interpreter and imports done (`spawn`); the CUDA context next
             torch.cuda.set_device(self.device)
             torch.cuda.init()
             if job.get("mode") == "strict":  # the profiler's first start (CUPTI) takes seconds: pay it here,
-                tripwires.profile_kernels(lambda: torch.zeros(1, device=self.device), self.device)  # before the lock
+                self.enter("warmup")  # before the lock
+                tripwires.profile_kernels(lambda: torch.zeros(1, device=self.device), self.device)
         self.enter("reference")
         try:
             self.ref_mod = _import_file(job["task_path"], "kernelcraft_reference")
