@@ -4,10 +4,11 @@ Usage: python3 benchmarks/build_time.py [--markdown] [--candidates elementwise,m
                                         [--out results.json]
 
 Each build runs in a fresh process with an empty cache directory, through kernelcraft's BuildCache (the
-path the worker takes); `plain` sets KERNELCRAFT_FASTBUILD=0, `fast` leaves the fast path on (see
-kernelcraft/fastbuild.py), `fast+pch` adds the precompiled torch/extension.h for main.cpp
-(kernelcraft/pch.py; made once, outside the build's clock, in a shared temp directory and reused).
-`plain` and `fast` run with KERNELCRAFT_PCH=0. Stages come from the build directory's .ninja_log (nvcc on the .cu, host c++
+path the worker takes). Modes: `plain` sets KERNELCRAFT_FASTBUILD=0; `fast` leaves the fast path on (the
+split of kernelcraft/cusplit.py first, see kernelcraft/fastbuild.py); `types` is the fast path without the
+split (KERNELCRAFT_SPLIT=0); a `+pch` suffix adds the precompiled headers for main.cpp (kernelcraft/pch.py:
+the full and the light one, made once, outside the build's clock, in a shared temp directory and reused),
+else KERNELCRAFT_PCH=0. Every mode is compared with the first (same output on a GPU, same trimmed error). Stages come from the build directory's .ninja_log (nvcc on the .cu, host c++
 on main.cpp, link; the two compiles run in parallel, so wall ≈ max of them + link) and nvcc's own phase
 table (`-time`, through NVCC_APPEND_FLAGS): cudafe++ (EDG, host side), cicc (EDG + NVVM, device side),
 gcc (host compile of cudafe++'s output), the rest (preprocessing, ptxas, fatbinary).
@@ -364,13 +365,16 @@ def main() -> int:
                 rows.append((cand, mode, r))
                 print(f"{cand:12s} {mode:6s} {r.get('status')} wall {r.get('wall_s', 0):.1f}s "
                       f"steps {r.get('steps')} nvcc {r.get('nvcc')}", file=sys.stderr, flush=True)
-        if "plain" in per_mode and "fast" in per_mode:
-            a, b = per_mode["plain"].get("_out"), per_mode["fast"].get("_out")
+        modes = list(per_mode)
+        for other in modes[1:]:  # each mode against the first: same output, same trimmed error
+            a, b = per_mode[modes[0]].get("_out"), per_mode[other].get("_out")
             same = None if a is None or b is None else bool(torch.equal(a, b))
-            ea, eb = per_mode["plain"].get("error"), per_mode["fast"].get("error")
+            ea, eb = per_mode[modes[0]].get("error"), per_mode[other].get("error")
             same_err = None if ea is None or eb is None else trim_compiler_output(ea) == trim_compiler_output(eb)
-            results.append({"candidate": cand, "outputs_identical": same, "errors_identical": same_err})
-            print(f"{cand}: outputs identical {same}, trimmed errors identical {same_err}", file=sys.stderr)
+            results.append({"candidate": cand, "modes": [modes[0], other], "outputs_identical": same,
+                            "errors_identical": same_err})
+            print(f"{cand}: {modes[0]} vs {other}: outputs identical {same}, trimmed errors identical {same_err}",
+                  file=sys.stderr)
     env = {"torch": torch.__version__, "cuda": torch.version.cuda,
            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
            "cpus": os.cpu_count(), "nvcc": subprocess.run(["nvcc", "--version"], capture_output=True,

@@ -19,9 +19,9 @@ Design decisions
   `kc_split_launch(k, grid, block[, smem[, stream]])(args)`: a lambda whose parameters have the kernel's
   own parameter types, so the arguments convert exactly as at a launch, then what nvcc makes of `<<<>>>`:
   `__cudaPushCallConfiguration` (cudart's, what every nvcc-compiled launch calls) and a call of the kernel's
-  host stub, which pops the configuration and launches. Same code path, so the same errors (an invalid
-  block size is `invalid configuration argument`, as with `<<<>>>`; a bare `cudaLaunchKernel` would say
-  `invalid argument`) and the same default stream and shared memory.
+  host stub, which pops the configuration and launches. The `<<<>>>` code path itself, so the same errors
+  (checked on the GPU: an invalid block size fails with the same CUDA error as in a plain `.cu`), the same
+  default stream and shared memory.
 - Declines (returns None, and the `types` path is tried) rather than guesses: templates of kernels (the
   instantiations the host needs cannot be named without torch's types), preprocessor conditionals,
   `__CUDA_ARCH__`, namespaces and `extern "C"` blocks, device variables (`__constant__`, `__device__`,

@@ -120,7 +120,7 @@ def plan(cpp_sources, cuda_sources, kwargs: dict | None = None, extra_cflags=Non
     types = None
     if _HEAVY_INCLUDE.search("\n".join(srcs)) and not _NEEDS_EXTENSION_H.search(code):
         types = Plan(f"types-{FAST_VERSION}", cpp_sources, [_HEAVY_INCLUDE.sub(r"\1<torch/types.h>", s) for s in srcs])
-    parts = (cusplit.split("\n".join(srcs), extra_cuda_cflags)
+    parts = (_split("\n".join(srcs), extra_cuda_cflags)
              if enabled(SPLIT_SWITCH) and _host_flags_ok(extra_cflags) and _supports_no_implicit_headers() else None)
     if parts is not None:
         host = parts.host
@@ -131,6 +131,15 @@ def plan(cpp_sources, cuda_sources, kwargs: dict | None = None, extra_cflags=Non
                     [_SPLIT_NOTE, "#include <cuda.h>", "#include <cuda_runtime.h>", parts.cuda],
                     {"no_implicit_headers": True}, any_failure=True, fallback=types, header=header)
     return types
+
+
+def _split(source: str, extra_cuda_cflags):
+    """cusplit.split, never raising: whatever the source, a bug in the splitter must not become the
+    candidate's build failure (the plain build decides that)."""
+    try:
+        return cusplit.split(source, extra_cuda_cflags)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 _BENIGN_HOST_FLAG = re.compile(r"-O[0-3s]?|-g\d?|-w|-W[\w=-]*|-std=(?:c|gnu)\+\+\d\w*|-fPIC|-pthread|-march=native")

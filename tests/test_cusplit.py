@@ -235,3 +235,20 @@ def test_split_build_compiles_and_links_with_nvcc(tmp_path):
     assert res["status"] in ("ok", "built (no import)"), (tmp_path / "error.txt").read_text()[-3000:] \
         if (tmp_path / "error.txt").exists() else res
     assert res["steps"]["nvcc"] < res["steps"]["c++"], "nvcc compiles kernels only: faster than main.cpp"
+
+
+def test_never_raises_on_odd_input(monkeypatch):
+    """Truncations of real sources and odd text: split returns a Split or None, and the plan never raises."""
+    sources = [KB_EXAMPLE, (ROOT / "tests" / "fixtures" / "legit" / "gpu_cuda_split_forms.py").read_text()]
+    odd = ["", "}", "{", "#", "#define", "<<<", ">>>", "'", '"', "/*", "template <", "__global__", "__global__ void k(",
+           "struct S { __global__ void k(); };", "int x = {1, 2};", "void f() { k<<<1,1>>>(); }", "R\"(x)\"", "\\\n"]
+    for src in sources:
+        for cut in range(0, len(src), max(1, len(src) // 60)):
+            cusplit.split(src[:cut])
+            cusplit.split(src[cut:])
+    for text in odd:
+        cusplit.split(text)
+        cusplit.split(KB_EXAMPLE + text)
+    monkeypatch.setattr(cusplit, "split", lambda *a, **k: 1 / 0)
+    p = fastbuild.plan("", KB_EXAMPLE)
+    assert p is not None and p.variant.startswith("types-"), "a failing splitter leaves the types path"
