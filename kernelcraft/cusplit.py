@@ -75,42 +75,73 @@ class Split:
     kernels: list[str]
 
 
+class _Decline(Exception):
+    """Why a source is not split (a short reason, for `decline_reason` and the coverage benchmark)."""
+
+
 def split(cuda_source: str, extra_cuda_cflags=None) -> Split | None:
     """The split of one `.cu` source, or None where this module declines (see the docstring)."""
-    if any(_BAD_CUDA_FLAG.match(str(f).strip()) for f in extra_cuda_cflags or []):
+    try:
+        return _split(cuda_source, extra_cuda_cflags)
+    except _Decline:
         return None
+
+
+def decline_reason(cuda_source: str, extra_cuda_cflags=None) -> str | None:
+    """Why `split` declines this source; None where it splits it."""
+    try:
+        _split(cuda_source, extra_cuda_cflags)
+    except _Decline as d:
+        return str(d)
+    return None
+
+
+def _split(cuda_source: str, extra_cuda_cflags) -> Split:
+    bad = [f for f in extra_cuda_cflags or [] if _BAD_CUDA_FLAG.match(str(f).strip())]
+    if bad:
+        raise _Decline(f"nvcc flag that reaches host code: {bad[0]}")
     masked = _mask(cuda_source)
-    if masked is None or _DECLINE_TEXT.search(masked) or _DECLINE_DIRECTIVE.search(masked):
-        return None
+    if masked is None:
+        raise _Decline("unterminated comment or literal")
+    for pattern, what in ((_DECLINE_TEXT, "declined construct"), (_DECLINE_DIRECTIVE, "preprocessor conditional")):
+        m = pattern.search(masked)
+        if m:
+            raise _Decline(f"{what}: {m.group(0).strip()}")
     chunks = _chunks(cuda_source, masked)
     if chunks is None:
-        return None
+        raise _Decline("top level not made of complete declarations")
     kernels: dict[str, str] = {}  # name -> host declaration
     placed = []  # (text, masked text, where, kernel declaration or None)
     for text, mtext in chunks:
         where = _classify(mtext)
         if where is None:
-            return None
+            raise _Decline(f"unclassifiable declaration: {' '.join(mtext.split())[:60]}")
         if where == "both" and _NAMES_TORCH.search(mtext):
             where = "host"  # a type or constant naming torch: the kernels cannot use it either
         decl = None
         if where == "kernel":
             header = mtext.split("{", 1)[0] if mtext.rstrip().endswith("}") else mtext.rstrip().rstrip(";")
             name = _function_name(header)
-            if name is None or re.match(r"\s*template\b", header) or re.search(r"\bstatic\b", header):
-                return None
+            if name is None:
+                raise _Decline(f"kernel header not understood: {' '.join(header.split())[:60]}")
+            if re.match(r"\s*template\b", header):
+                raise _Decline("kernel template")
+            if re.search(r"\bstatic\b", header):
+                raise _Decline("static kernel")
             decl = _host_declaration(header) + ";"  # from the masked text: no comment can hide the `;`
             kernels[name] = decl
         placed.append((text, mtext, where, decl))
     if not kernels:
-        return None
+        raise _Decline("no kernel")
     cuda_parts, host_parts = [], []
     for text, mtext, where, decl in placed:
         on_device = where in ("kernel", "device", "both")
         on_host = where in ("host", "both")
         if on_device:
-            if _NAMES_TORCH.search(mtext) or "<<<" in mtext:
-                return None  # device code naming torch, or a launch from device code
+            if _NAMES_TORCH.search(mtext):
+                raise _Decline("device code names torch")
+            if "<<<" in mtext:
+                raise _Decline("launch from device code")
             cuda_parts.append(text)
         else:
             cuda_parts.append("\n" * text.count("\n"))
@@ -119,7 +150,7 @@ def split(cuda_source: str, extra_cuda_cflags=None) -> Split | None:
         elif on_host:
             rewritten = _rewrite_launches(text, mtext, kernels) if "<<<" in mtext else text
             if rewritten is None:
-                return None
+                raise _Decline("launch of a template or of something other than a kernel name")
             host_parts.append(rewritten)
     host = "#include <cuda_runtime.h>\n" + LAUNCHER + "".join(host_parts)
     return Split(cuda="".join(cuda_parts), host=host, kernels=list(kernels))

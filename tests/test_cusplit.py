@@ -252,3 +252,30 @@ def test_never_raises_on_odd_input(monkeypatch):
     monkeypatch.setattr(cusplit, "split", lambda *a, **k: 1 / 0)
     p = fastbuild.plan("", KB_EXAMPLE)
     assert p is not None and p.variant.startswith("types-"), "a failing splitter leaves the types path"
+
+
+def test_decline_reasons():
+    assert cusplit.decline_reason(KB_EXAMPLE) is None
+    pre = "#include <torch/extension.h>\n"
+    assert cusplit.decline_reason(pre + KERNEL.replace("__global__ void k(", "template <typename T> __global__ void k(")
+                                  + WRAPPER) == "kernel template"
+    assert cusplit.decline_reason(pre + "#ifdef X\n#endif\n" + KERNEL + WRAPPER).startswith("preprocessor conditional")
+    assert cusplit.decline_reason(KB_EXAMPLE, ["-DX=1"]) == "nvcc flag that reaches host code: -DX=1"
+    assert cusplit.decline_reason(pre + WRAPPER.replace("k<<<1, 32>>>(y.data_ptr<float>(), 32);", "")) == "no kernel"
+
+
+def test_coverage_benchmark_reads_load_inline_calls(tmp_path):
+    cand = tmp_path / "cand.py"
+    cand.write_text("from torch.utils.cpp_extension import load_inline\n"
+                    f"src = r'''{KB_EXAMPLE}'''\n"
+                    "tmpl = r'''#include <torch/extension.h>\n" + KERNEL.replace("__global__", "template <int B> __global__")
+                    + "'''\n"
+                    "a = load_inline(name='a', cpp_sources='', cuda_sources=src, functions=['f'])\n"
+                    "b = load_inline(name='b', cpp_sources='', cuda_sources=[tmpl], extra_cuda_cflags=['-O3'])\n"
+                    "c = load_inline(name='c', cpp_sources='', cuda_sources=src, extra_cuda_cflags=['-DX'])\n")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "split_coverage.py"), str(tmp_path), "--markdown"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "1 files, 3 load_inline CUDA sources" in p.stdout
+    assert "| split | 1 | 33% |" in p.stdout and "| types | 2 | 67% |" in p.stdout, p.stdout
+    assert "| kernel template | 1 |" in p.stdout and "| nvcc flag that reaches host code | 1 |" in p.stdout, p.stdout
