@@ -211,7 +211,9 @@ def one(cand: str, mode: str, work: Path) -> dict:
 
     from kernelcraft.build import BuildCache, arch_for
 
-    spec = CANDIDATES[cand]
+    # a built-in candidate, or `@spec.json` (cpp, cuda, functions, cuda_cflags, cflags; see split_coverage.py)
+    spec = CANDIDATES[cand] if not cand.startswith("@") else json.loads(Path(cand[1:]).read_text())
+    name = f"kc_bt_{cand}" if not cand.startswith("@") else spec.get("name", "kc_bt_spec")
     ldflags = includes = None
     has_cuda = torch.version.cuda is not None
     if not has_cuda:
@@ -248,17 +250,18 @@ def one(cand: str, mode: str, work: Path) -> dict:
     t0 = time.perf_counter()
     status, ext = "ok", None
     try:
-        ext = cpp_ext.load_inline(name=f"kc_bt_{cand}", cpp_sources=spec["cpp"], cuda_sources=spec["cuda"],
+        ext = cpp_ext.load_inline(name=name, cpp_sources=spec["cpp"], cuda_sources=spec["cuda"],
                                   functions=spec["functions"], extra_cuda_cflags=spec["cuda_cflags"],
+                                  extra_cflags=spec.get("cflags"),
                                   extra_ldflags=ldflags, extra_include_paths=includes)
     except Exception as e:  # noqa: BLE001  CPU-only torch: the import of a linked module may fail
-        built = any((work / "ext").glob(f"*/kc_bt_{cand}*.so"))
+        built = any((work / "ext").glob(f"*/{name}*.so"))
         status = "built (no import)" if built and not has_cuda else "compile_error"
         # build directories differ (temporary root, key): name them alike so errors can be compared
         msg = re.sub(r"/ext/[0-9a-f]{24}/", "/ext/KEY/", str(e).replace(str(work), "WORK"))
         (work / "error.txt").write_text(msg)
     wall = time.perf_counter() - t0
-    if ext is not None and gpu and spec["call"]:
+    if ext is not None and gpu and spec.get("call"):
         try:
             torch.manual_seed(0)
             torch.save(eval(spec["call"], {"ext": ext, "torch": torch}).cpu(), work / "out.pt")

@@ -1,13 +1,15 @@
 """Which build path (kernelcraft/fastbuild.py) a corpus of candidates would take, and why the split declines.
 
-Usage: python3 benchmarks/split_coverage.py DIR_OR_FILE... [--markdown] [--show-declines N]
+Usage: python3 benchmarks/split_coverage.py DIR_OR_FILE... [--markdown] [--show-declines N] [--compile N]
 
 Static: nothing is compiled. For each Python file, every `load_inline(...)` call whose `cuda_sources` is a
 string literal, a module-level name bound to one, or a list of those, is planned with the call's literal
 `extra_cflags` / `extra_cuda_cflags` (a non-literal argument counts as none). Reports how many sources
 take the split (kernels through nvcc without torch), `types`, `bare` or the plain build, and the split's
-decline reasons (`cusplit.decline_reason`). Whether a split source then compiles is the GPU tests' and
-build_time.py's business; a split that does not compile falls back to `types`.
+decline reasons (`cusplit.decline_reason`). With `--compile N`, the first N sources planned `split` are also
+built cold, one at a time, through BuildCache (benchmarks/build_time.py's child, `fast+pch`: on a CPU-only
+torch nvcc and g++ run and the link uses stand-ins for libtorch_cuda) and the variant that built each is
+counted: `split` (compiled, linked and imported), or the fallback it took and why.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def _literal(node, names: dict):
 
 
 def sources(path: Path):
-    """(cuda source, extra_cflags, extra_cuda_cflags) of each load_inline call in the file."""
+    """(cuda source, extra_cflags, extra_cuda_cflags, the call's literal arguments) of each load_inline call."""
     try:
         tree = ast.parse(path.read_text(errors="replace"))
     except SyntaxError:
@@ -52,7 +54,12 @@ def sources(path: Path):
             continue
         cuda = "\n".join(cuda) if isinstance(cuda, list) else cuda
         flags = [_literal(kw[k], names) if k in kw else None for k in ("extra_cflags", "extra_cuda_cflags")]
-        yield cuda, *[f if isinstance(f, list) else None for f in flags]
+        flags = [f if isinstance(f, list) else None for f in flags]
+        cpp = _literal(kw["cpp_sources"], names) if "cpp_sources" in kw else ""
+        funcs = _literal(kw["functions"], names) if "functions" in kw else None
+        call = {"cpp": cpp if cpp is not None else "", "cuda": cuda, "cflags": flags[0], "cuda_cflags": flags[1],
+                "functions": [funcs] if isinstance(funcs, str) else funcs}
+        yield cuda, flags[0], flags[1], call
 
 
 def main() -> int:
@@ -60,14 +67,17 @@ def main() -> int:
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--show-declines", type=int, default=0, help="print the first N declined files")
+    ap.add_argument("--compile", type=int, default=0, help="build the first N split sources (see above)")
     args = ap.parse_args()
     files = sorted(f for p in map(Path, args.paths) for f in ([p] if p.is_file() else p.rglob("*.py")))
-    paths, reasons, declined = collections.Counter(), collections.Counter(), []
+    paths, reasons, declined, to_build = collections.Counter(), collections.Counter(), [], []
     for f in files:
-        for cuda, cflags, cuda_cflags in sources(f):
+        for cuda, cflags, cuda_cflags, call in sources(f):
             p = fastbuild.plan("", cuda, {}, cflags, cuda_cflags)
             path = p.variant.split("-")[0] if p else "plain"
             paths[path] += 1
+            if path == "split" and len(to_build) < args.compile:
+                to_build.append((f, call))
             if path != "split":
                 why = cusplit.decline_reason(cuda, cuda_cflags) or "host flags (extra_cflags)"
                 reasons[re.sub(r":.*", "", why)] += 1
@@ -85,7 +95,54 @@ def main() -> int:
         print(dict(paths), dict(reasons.most_common()))
     for f, why in declined[:args.show_declines]:
         print(f"  {f}: {why}")
+    if to_build:
+        compile_split(to_build, args.markdown)
     return 0
+
+
+def compile_split(to_build, markdown: bool) -> None:
+    """Build each source cold through build_time.py's child; count the variant that built it."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    built, walls, fails = collections.Counter(), collections.defaultdict(list), []
+    bt = ROOT / "benchmarks" / "build_time.py"
+    pch_dir = Path(tempfile.gettempdir()) / "kc-bt-pch"
+    for i, (f, call) in enumerate(to_build):
+        with tempfile.TemporaryDirectory(prefix="kc-cov-") as tmp:
+            spec = Path(tmp) / "spec.json"
+            spec.write_text(json.dumps({**call, "name": f"kc_cov_{i}"}))
+            work = Path(tmp) / "work"
+            work.mkdir()
+            env = {**os.environ, "KERNELCRAFT_FASTBUILD": "1", "KERNELCRAFT_SPLIT": "1", "KERNELCRAFT_PCH": "1",
+                   "KC_BT_PCH_DIR": str(pch_dir), "TORCH_EXTENSIONS_DIR": str(work / "te"),
+                   "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+            p = subprocess.run([sys.executable, str(bt), "--one", f"@{spec}", "fast+pch", str(work)], env=env,
+                               capture_output=True, text=True, timeout=1800)
+            try:
+                res = json.loads(p.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                res = {"status": f"child failed: {p.stderr[-300:]}", "variant": "?"}
+            variant = str(res.get("variant", "?")).removesuffix("+pch").split("-")[0]
+            key = f"{variant}: {res.get('status')}"
+            built[key] += 1
+            walls[key].append(res.get("wall_s") or 0.0)
+            if variant != "split":
+                err = (work / "error.txt").read_text() if (work / "error.txt").exists() else ""
+                fails.append((f.name, key, err.strip().splitlines()[-1][:200] if err.strip() else ""))
+            print(f"[{i + 1}/{len(to_build)}] {f.name}: {key} ({res.get('wall_s') or 0:.1f} s)", file=sys.stderr,
+                  flush=True)
+    if markdown:
+        print("\n| built as | status | sources | median wall |\n|---|---|---|---|")
+        for key, n in built.most_common():
+            v, st = key.split(": ", 1)
+            print(f"| {v} | {st} | {n} | {sorted(walls[key])[len(walls[key]) // 2]:.1f} s |")
+    else:
+        print(dict(built))
+    for name, key, err in fails:
+        print(f"  {name}: {key} {err}")
 
 
 if __name__ == "__main__":

@@ -22,12 +22,20 @@ Design decisions
   host stub, which pops the configuration and launches. The `<<<>>>` code path itself, so the same errors
   (checked on the GPU: an invalid block size fails with the same CUDA error as in a plain `.cu`), the same
   default stream and shared memory.
-- Declines (returns None, and the `types` path is tried) rather than guesses: templates of kernels (the
-  instantiations the host needs cannot be named without torch's types), preprocessor conditionals,
+- Kernel templates: each launch names its arguments (`k<256>`, or `k<scalar_t>` under an `AT_DISPATCH_*`
+  macro, which stands for each type the macro dispatches to, as in the plain build). nvcc gives a template
+  kernel's host stub internal linkage, so the end of the `.cu` gets a host function template returning
+  the stub's address (which instantiates the kernel there), explicitly instantiated for those arguments;
+  main.cpp calls it and casts to the type of its own declaration of the kernel template. With
+  c10/util/Half.h or BFloat16.h at the top when those types are among them: the only torch headers a
+  split `.cu` may get.
+- Declines (returns None, and the `types` path is tried) rather than guesses: a template launched without
+  its arguments or under a dispatch macro not in the table (complex types, AT_DISPATCH_SWITCH), preprocessor conditionals,
   `__CUDA_ARCH__`, namespaces and `extern "C"` blocks, device variables (`__constant__`, `__device__`,
   `__managed__`), launches inside device code, a launch of anything but a known kernel name, device code
   that names torch, raw strings, flags in `extra_cuda_cflags` that would reach the host code in a plain
-  build (`-D`, `-U`, `-I`, `-X...`, per-thread default stream), and any chunk the scanner cannot classify.
+  build (`-D`, `-U`, `-I`, `-Xcompiler`, per-thread default stream; `-Xptxas` and the like are device-only
+  and fine), and any chunk the scanner cannot classify.
 - Anything the rewrite gets wrong fails to compile, link or import (a host-only name missing from the
   `.cu`, a device-only one from main.cpp, a duplicate definition): the build then falls back (`fastbuild`),
   so a valid candidate never pays for the split with its verdict. What a split build cannot change: the
@@ -60,7 +68,7 @@ _NAMES_TORCH = re.compile(
 _DECLINE_TEXT = re.compile(r"__CUDA_ARCH__|\bR\"|CUDA_API_PER_THREAD_DEFAULT_STREAM|\b__managed__\b|\b__constant__\b"
                            r"|cudaMemcpy(?:To|From)Symbol|cudaGetSymbolAddress")
 _DECLINE_DIRECTIVE = re.compile(r"#\s*(?:if|ifdef|ifndef|elif|else|endif|line|error)\b")
-_BAD_CUDA_FLAG = re.compile(r"^(?:-D|-U|-I|-X|--compiler-options|--define-macro|--undefine-macro|--include-path"
+_BAD_CUDA_FLAG = re.compile(r"^(?:-D|-U|-I|-Xcompiler|-Xcudafe|--compiler-options|--define-macro|--undefine-macro|--include-path"
                             r"|-include|--pre-include|-default-stream|--default-stream|-rdc|--relocatable-device-code"
                             r"|-dc\b|--device-c\b|-G\b|--device-debug)")
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\(")
@@ -111,6 +119,8 @@ def _split(cuda_source: str, extra_cuda_cflags) -> Split:
     if chunks is None:
         raise _Decline("top level not made of complete declarations")
     kernels: dict[str, str] = {}  # name -> host declaration
+    templates: dict[str, str] = {}  # kernel template name -> its `template <...>` line
+    instances: list[tuple[str, str]] = []  # (`k`, `<float>`): the instantiations the host code launches
     placed = []  # (text, masked text, where, kernel declaration or None)
     for text, mtext in chunks:
         where = _classify(mtext)
@@ -124,11 +134,15 @@ def _split(cuda_source: str, extra_cuda_cflags) -> Split:
             name = _function_name(header)
             if name is None:
                 raise _Decline(f"kernel header not understood: {' '.join(header.split())[:60]}")
-            if re.match(r"\s*template\b", header):
-                raise _Decline("kernel template")
             if re.search(r"\bstatic\b", header):
                 raise _Decline("static kernel")
             decl = _host_declaration(header) + ";"  # from the masked text: no comment can hide the `;`
+            if re.match(r"\s*template\b", header):
+                tpl = _template_head(header)
+                if tpl is None:
+                    raise _Decline("kernel template parameters not understood")
+                templates[name] = tpl
+                decl += f"\n{tpl} void* kc_split_addr_{name}();"
             kernels[name] = decl
         placed.append((text, mtext, where, decl))
     if not kernels:
@@ -148,12 +162,53 @@ def _split(cuda_source: str, extra_cuda_cflags) -> Split:
         if where == "kernel":
             host_parts.append(decl + "\n")
         elif on_host:
-            rewritten = _rewrite_launches(text, mtext, kernels) if "<<<" in mtext else text
+            rewritten = _rewrite_launches(text, mtext, kernels, templates, instances) if "<<<" in mtext else text
             if rewritten is None:
-                raise _Decline("launch of a template or of something other than a kernel name")
+                raise _Decline("launch not understood (not a kernel name, template arguments, dispatch macro)")
             host_parts.append(rewritten)
+    head = ""
+    if templates:
+        if not instances:
+            raise _Decline("kernel template never launched from host code")
+        cuda_parts.append(_instantiations(templates, instances))
+        # before the candidate's code, as torch's headers are in a plain build (its errors are never shown:
+        # a split that fails falls back, so the shifted line numbers do not matter)
+        head = "".join(f"#include <c10/util/{h}.h>\n" for h in ("Half", "BFloat16")
+                       if any(f"c10::{h}" in targs for _, targs in instances))
     host = "#include <cuda_runtime.h>\n" + LAUNCHER + "".join(host_parts)
-    return Split(cuda="".join(cuda_parts), host=host, kernels=list(kernels))
+    return Split(cuda=head + "".join(cuda_parts), host=host, kernels=list(kernels))
+
+
+def _instantiations(templates: dict, instances: list) -> str:
+    """The end of the split .cu. nvcc gives the host stubs of template kernels internal linkage, so main.cpp
+    cannot name `k<float>` itself: per kernel template an ordinary host function template returns the
+    stub's address (taking it instantiates the kernel, device code and stub, as a launch here would), and
+    is explicitly instantiated for each launch of main.cpp (ordinary external symbols)."""
+    out = ["\n// kernelcraft split build: the kernel template instantiations main.cpp launches"]
+    for name, tpl in templates.items():
+        params = ", ".join(_template_param_names(tpl))
+        out.append(f"{tpl} void* kc_split_addr_{name}() {{ return (void*)&{name}<{params}>; }}")
+        out += [f"template void* kc_split_addr_{name}{targs}();" for n, targs in instances if n == name]
+    return "\n".join(out) + "\n"
+
+
+def _template_head(header: str) -> str | None:
+    """`template <...>` of a kernel template's header; None for what `_template_param_names` cannot name."""
+    rest = _strip_template_params(header)
+    tpl = " ".join(header[:len(header) - len(rest)].split())
+    return tpl if _template_param_names(tpl) is not None else None
+
+
+def _template_param_names(tpl: str) -> list[str] | None:
+    inner = tpl[tpl.index("<") + 1:tpl.rindex(">")]
+    names = []
+    for p in _depth0_split(inner + ")"):
+        p = p.split("=")[0].strip()
+        m = re.fullmatch(r"(?:typename|class|[\w:]+(?:\s+[\w:]+)*)\s+(\w+)", p)
+        if not m or "..." in p:
+            return None  # unnamed parameters, packs, template template parameters
+        names.append(m.group(1))
+    return names
 
 
 def _mask(src: str) -> str | None:
@@ -346,27 +401,98 @@ def _host_declaration(header: str) -> str:
     return h.strip()
 
 
-_LAUNCH = re.compile(r"\b([A-Za-z_]\w*)\s*<<<")
+# a launch: NAME [<template args>] <<<   (template args: one level of nested <> allowed)
+_LAUNCH = re.compile(r"\b([A-Za-z_]\w*)\s*(<(?:[^<>;{}]|<[^<>;{}]*>)*>)?\s*<<<")
+_DISPATCH = re.compile(r"\bAT_DISPATCH_(\w+?)\s*\(")
+_SCALAR_T = re.compile(r"\bscalar_t\b")
+_INTEGRAL = ["uint8_t", "int8_t", "int16_t", "int32_t", "int64_t"]
+_DISPATCH_TYPES = {  # ATen/Dispatch.h: the types each macro instantiates its lambda for
+    "FLOATING_TYPES": ["double", "float"], "FLOATING_TYPES_AND_HALF": ["double", "float", "c10::Half"],
+    "REDUCED_FLOATING_TYPES": ["c10::Half", "c10::BFloat16"], "INTEGRAL_TYPES": _INTEGRAL,
+    "ALL_TYPES": _INTEGRAL + ["double", "float"]}
+_SCALAR_TYPE = {"Half": "c10::Half", "BFloat16": "c10::BFloat16", "Bool": "bool", "Float": "float",
+                "Double": "double", "Int": "int32_t", "Long": "int64_t", "Short": "int16_t", "Char": "int8_t",
+                "Byte": "uint8_t"}
 
 
-def _rewrite_launches(text: str, mtext: str, kernels: dict) -> str | None:
-    """Each `k<<<cfg>>>(args)` of a known kernel `k` becomes `kc_split_launch(k, cfg)(args)`; any other
-    `<<<` declines."""
+def _rewrite_launches(text: str, mtext: str, kernels: dict, templates: dict, instances: list) -> str | None:
+    """Each `k<<<cfg>>>(args)` of a known kernel `k` (`k<targs><<<` of a kernel template) becomes
+    `kc_split_launch(k, cfg)(args)`; any other `<<<` declines. The template instantiations the launches
+    need are appended to `instances` (`("k", "<float>")`; `scalar_t` under an AT_DISPATCH macro stands for
+    each of the macro's types); main.cpp gets the template's stub through `kc_split_addr_k<...>()`."""
     out, pos = [], 0
-    for m in _LAUNCH.finditer(mtext):
-        name = m.group(1)
-        if name not in kernels:
-            return None
+    found = list(_LAUNCH.finditer(mtext))
+    if mtext.count("<<<") != len(found):
+        return None
+    for m in found:
+        name, targs = m.group(1), m.group(2)
+        if name not in kernels or bool(targs) != (name in templates):
+            return None  # not a kernel, a template without its arguments, or arguments to a non-template
         close = mtext.find(">>>", m.end())
         if close < 0 or "<<<" in mtext[m.end():close] or not re.match(r"\s*\(", mtext[close + 3:]):
             return None
         cfg = text[m.end():close]
         if not 2 <= _depth0(mtext[m.end():close]).count(",") + 1 <= 4:
             return None
+        kernel = name
+        if targs:
+            types = _dispatch_types(mtext, m.start()) if _SCALAR_T.search(targs) else [None]
+            if types is None:
+                return None
+            for t in types:
+                inst = (name, targs if t is None else _SCALAR_T.sub(t, targs))
+                if inst not in instances:
+                    instances.append(inst)
+            targs = " ".join(text[m.start(2):m.end(2)].split())
+            kernel = f"reinterpret_cast<decltype(&{name}{targs})>(kc_split_addr_{name}{targs}())"
         out.append(text[pos:m.start()])
-        out.append(f"kc_split_launch({name}, {cfg.strip()})")
+        out.append(f"kc_split_launch({kernel}, {cfg.strip()})")
         pos = close + 3
-    if mtext.count("<<<") != len(_LAUNCH.findall(mtext)):
-        return None
     out.append(text[pos:])
     return "".join(out)
+
+
+def _dispatch_types(mtext: str, at: int) -> list[str] | None:
+    """The types `scalar_t` takes at position `at`: those of the innermost AT_DISPATCH macro call around it."""
+    best = None
+    for m in _DISPATCH.finditer(mtext, 0, at):
+        depth, i = 1, m.end()
+        while i < len(mtext) and depth:
+            depth += {"(": 1, ")": -1}.get(mtext[i], 0)
+            i += 1
+        if i > at:
+            best = m
+    if best is None:
+        return None
+    kind = best.group(1)
+    extra = re.fullmatch(r"(\w+?)_AND(\d?)", kind)
+    if kind in _DISPATCH_TYPES:
+        return list(_DISPATCH_TYPES[kind])
+    if not extra or extra.group(1) not in _DISPATCH_TYPES or kind.endswith("_AND_HALF"):
+        return None  # complex types, AT_DISPATCH_SWITCH and the like
+    n = int(extra.group(2) or 1)
+    args = _depth0_split(mtext[best.end():])[:n]
+    names = [re.search(r"(\w+)\s*$", a) for a in args]
+    added = [_SCALAR_TYPE.get(re.sub(r"^k", "", x.group(1))) if x else None for x in names]
+    if len(added) != n or None in added:
+        return None
+    return _DISPATCH_TYPES[extra.group(1)] + added
+
+
+def _depth0_split(text: str) -> list[str]:
+    """The comma-separated arguments of a call whose `(` was just consumed (up to its `)`)."""
+    args, depth, cur = [], 0, []
+    for c in text:
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        if c == "," and depth == 0:
+            args.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(c)
+    args.append("".join(cur).strip())
+    return args

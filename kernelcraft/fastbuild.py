@@ -142,7 +142,8 @@ def _split(source: str, extra_cuda_cflags):
         return None
 
 
-_BENIGN_HOST_FLAG = re.compile(r"-O[0-3s]?|-g\d?|-w|-W[\w=-]*|-std=(?:c|gnu)\+\+\d\w*|-fPIC|-pthread|-march=native")
+_BENIGN_HOST_FLAG = re.compile(r"|-O[0-3s]?|-g\d?|-w|-W[\w=-]*|-std=(?:c|gnu)\+\+\d\w*|-fPIC|-pthread|-march=native")
+# (the empty flag too: KernelBench's example passes extra_cflags=[""])
 
 
 def _host_flags_ok(extra_cflags) -> bool:
