@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import os
 import re
 import sys
 from pathlib import Path
@@ -68,7 +69,10 @@ def main() -> int:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--show-declines", type=int, default=0, help="print the first N declined files")
     ap.add_argument("--compile", type=int, default=0, help="build the first N split sources (see above)")
+    ap.add_argument("--templates", action="store_true", help="split kernel templates too (KERNELCRAFT_SPLIT=templates)")
     args = ap.parse_args()
+    if args.templates:
+        os.environ[fastbuild.SPLIT_SWITCH] = "templates"
     files = sorted(f for p in map(Path, args.paths) for f in ([p] if p.is_file() else p.rglob("*.py")))
     paths, reasons, declined, to_build = collections.Counter(), collections.Counter(), [], []
     for f in files:
@@ -79,7 +83,8 @@ def main() -> int:
             if path == "split" and len(to_build) < args.compile:
                 to_build.append((f, call))
             if path != "split":
-                why = cusplit.decline_reason(cuda, cuda_cflags) or "host flags (extra_cflags)"
+                why = (cusplit.decline_reason(cuda, cuda_cflags, fastbuild.split_templates())
+                       or "host flags (extra_cflags)")
                 reasons[re.sub(r":.*", "", why)] += 1
                 declined.append((f, why))
     total = sum(paths.values())
@@ -103,7 +108,6 @@ def main() -> int:
 def compile_split(to_build, markdown: bool) -> None:
     """Build each source cold through build_time.py's child; count the variant that built it."""
     import json
-    import os
     import subprocess
     import tempfile
 
@@ -116,7 +120,8 @@ def compile_split(to_build, markdown: bool) -> None:
             spec.write_text(json.dumps({**call, "name": f"kc_cov_{i}"}))
             work = Path(tmp) / "work"
             work.mkdir()
-            env = {**os.environ, "KERNELCRAFT_FASTBUILD": "1", "KERNELCRAFT_SPLIT": "1", "KERNELCRAFT_PCH": "1",
+            env = {**os.environ, "KERNELCRAFT_FASTBUILD": "1", "KERNELCRAFT_SPLIT": "templates" if
+                   fastbuild.split_templates() else "1", "KERNELCRAFT_PCH": "1",
                    "KC_BT_PCH_DIR": str(pch_dir), "TORCH_EXTENSIONS_DIR": str(work / "te"),
                    "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
             p = subprocess.run([sys.executable, str(bt), "--one", f"@{spec}", "fast+pch", str(work)], env=env,

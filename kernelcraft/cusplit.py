@@ -11,7 +11,8 @@ Design decisions
   lines, brace/paren depth) cuts the source into top-level chunks; each goes to the `.cu`, to main.cpp or
   to both, in its original order. `__global__` definitions go to the `.cu`, and to main.cpp as a plain
   declaration (`__global__` and `__launch_bounds__` dropped): for nvcc the host side of a kernel is an
-  ordinary external function (its launch stub) of that signature, and `cudaLaunchKernel` takes its address.
+  ordinary function (its launch stub; hidden visibility, linked within the module) of that signature.
+  The `.cu` starts with the CUDA runtime and the standard headers torch's would bring (`PRELUDE`).
   `__device__` functions go to the `.cu`, `__host__ __device__` ones to both, other functions (the
   wrapper, host helpers) and anything naming torch to main.cpp; types, constants, macros and non-torch
   includes to both.
@@ -22,7 +23,7 @@ Design decisions
   host stub, which pops the configuration and launches. The `<<<>>>` code path itself, so the same errors
   (checked on the GPU: an invalid block size fails with the same CUDA error as in a plain `.cu`), the same
   default stream and shared memory.
-- Kernel templates: each launch names its arguments (`k<256>`, or `k<scalar_t>` under an `AT_DISPATCH_*`
+- Kernel templates (opt-in, `KERNELCRAFT_SPLIT=templates`, until they have run on a GPU): each launch names its arguments (`k<256>`, or `k<scalar_t>` under an `AT_DISPATCH_*`
   macro, which stands for each type the macro dispatches to, as in the plain build). nvcc gives a template
   kernel's host stub internal linkage, so the end of the `.cu` gets a host function template returning
   the stub's address (which instantiates the kernel there), explicitly instantiated for those arguments;
@@ -48,7 +49,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-VERSION = 1  # bump when the split changes: it is part of the build cache key
+VERSION = 2  # bump when the split changes: it is part of the build cache key
+# what a split .cu starts with: the CUDA runtime, as nvcc gives any .cu, and the standard headers torch's brings
+# in a plain build, on which kernels lean without knowing (FLT_MAX, INT_MAX, std::min, fmaxf overloads, int64_t):
+# a kernel that compiles in a plain build should not fail here for want of them (+0.2 s of nvcc)
+PRELUDE = ["#include <cuda.h>", "#include <cuda_runtime.h>",
+           "#include <cfloat>\n#include <climits>\n#include <cmath>\n#include <cstddef>\n#include <cstdint>\n"
+           "#include <algorithm>"]
 LAUNCHER = r"""
 // kernelcraft split build: k<<<grid, block, shmem, stream>>>(args) as nvcc expands it (push the launch
 // configuration, call the kernel's host stub, which nvcc defines in the .cu), with the kernel's own parameter
@@ -87,24 +94,25 @@ class _Decline(Exception):
     """Why a source is not split (a short reason, for `decline_reason` and the coverage benchmark)."""
 
 
-def split(cuda_source: str, extra_cuda_cflags=None) -> Split | None:
-    """The split of one `.cu` source, or None where this module declines (see the docstring)."""
+def split(cuda_source: str, extra_cuda_cflags=None, templates: bool = False) -> Split | None:
+    """The split of one `.cu` source, or None where this module declines (see the docstring). Kernel
+    templates only with `templates=True` (`KERNELCRAFT_SPLIT=templates`: not yet run on a GPU)."""
     try:
-        return _split(cuda_source, extra_cuda_cflags)
+        return _split(cuda_source, extra_cuda_cflags, templates)
     except _Decline:
         return None
 
 
-def decline_reason(cuda_source: str, extra_cuda_cflags=None) -> str | None:
+def decline_reason(cuda_source: str, extra_cuda_cflags=None, templates: bool = False) -> str | None:
     """Why `split` declines this source; None where it splits it."""
     try:
-        _split(cuda_source, extra_cuda_cflags)
+        _split(cuda_source, extra_cuda_cflags, templates)
     except _Decline as d:
         return str(d)
     return None
 
 
-def _split(cuda_source: str, extra_cuda_cflags) -> Split:
+def _split(cuda_source: str, extra_cuda_cflags, allow_templates: bool) -> Split:
     bad = [f for f in extra_cuda_cflags or [] if _BAD_CUDA_FLAG.match(str(f).strip())]
     if bad:
         raise _Decline(f"nvcc flag that reaches host code: {bad[0]}")
@@ -138,6 +146,8 @@ def _split(cuda_source: str, extra_cuda_cflags) -> Split:
                 raise _Decline("static kernel")
             decl = _host_declaration(header) + ";"  # from the masked text: no comment can hide the `;`
             if re.match(r"\s*template\b", header):
+                if not allow_templates:
+                    raise _Decline("kernel template (split with KERNELCRAFT_SPLIT=templates)")
                 tpl = _template_head(header)
                 if tpl is None:
                     raise _Decline("kernel template parameters not understood")

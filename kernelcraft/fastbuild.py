@@ -52,7 +52,7 @@ from kernelcraft import cusplit, pch
 _TORCH_LOAD_INLINE = cpp_ext.load_inline  # imported by kernelcraft.build before it patches torch
 FAST_VERSION = 1  # bump when the rewrite changes: it is part of the cache key
 ENV_SWITCH = "KERNELCRAFT_FASTBUILD"
-SPLIT_SWITCH = "KERNELCRAFT_SPLIT"  # 0: no split (cusplit), the other fast paths stay
+SPLIT_SWITCH = "KERNELCRAFT_SPLIT"  # 0: no split (cusplit), the other fast paths stay; templates: kernel templates too
 
 _HEAVY_INCLUDE = re.compile(r'^([ \t]*#[ \t]*include[ \t]*)[<"]torch/(?:extension|torch|all)\.h[>"]',
                             re.MULTILINE)
@@ -120,7 +120,7 @@ def plan(cpp_sources, cuda_sources, kwargs: dict | None = None, extra_cflags=Non
     types = None
     if _HEAVY_INCLUDE.search("\n".join(srcs)) and not _NEEDS_EXTENSION_H.search(code):
         types = Plan(f"types-{FAST_VERSION}", cpp_sources, [_HEAVY_INCLUDE.sub(r"\1<torch/types.h>", s) for s in srcs])
-    parts = (_split("\n".join(srcs), extra_cuda_cflags)
+    parts = (_split("\n".join(srcs), extra_cuda_cflags, split_templates())
              if enabled(SPLIT_SWITCH) and _host_flags_ok(extra_cflags) and _supports_no_implicit_headers() else None)
     if parts is not None:
         host = parts.host
@@ -128,16 +128,21 @@ def plan(cpp_sources, cuda_sources, kwargs: dict | None = None, extra_cflags=Non
         if header == "light":  # as in `types`: the wrapper gets torch/types.h (first in the light header)
             host = _HEAVY_INCLUDE.sub(r"\1<torch/types.h>", host)
         return Plan(f"split-{cusplit.VERSION}", [pch.HEADERS[header].rstrip("\n"), *cpps, host],
-                    [_SPLIT_NOTE, "#include <cuda.h>", "#include <cuda_runtime.h>", parts.cuda],
+                    [_SPLIT_NOTE, *cusplit.PRELUDE, parts.cuda],
                     {"no_implicit_headers": True}, any_failure=True, fallback=types, header=header)
     return types
 
 
-def _split(source: str, extra_cuda_cflags):
+def split_templates() -> bool:
+    """`KERNELCRAFT_SPLIT=templates`: split kernel templates too (see cusplit)."""
+    return os.environ.get(SPLIT_SWITCH, "").strip().lower() == "templates"
+
+
+def _split(source: str, extra_cuda_cflags, templates: bool = False):
     """cusplit.split, never raising: whatever the source, a bug in the splitter must not become the
     candidate's build failure (the plain build decides that)."""
     try:
-        return cusplit.split(source, extra_cuda_cflags)
+        return cusplit.split(source, extra_cuda_cflags, templates)
     except Exception:  # noqa: BLE001
         return None
 

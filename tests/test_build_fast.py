@@ -346,3 +346,16 @@ def test_gpu_split_launch_error_as_in_a_types_build(tmp_path, monkeypatch):
     assert (s.status, s.reasons) == (t.status, t.reasons) and s.status != "correct", (s, t)
     first = lambda v: v.message.splitlines()[0]  # the CUDA error, named as the runtime names it
     assert first(s) == first(t) and "CUDA error" in first(s), (s.message, t.message)
+
+
+TEMPLATE_CAND = FIXTURES / "legit" / "gpu_cuda_template_dispatch.py"
+
+
+@pytest.mark.gpu
+def test_gpu_split_kernel_template_is_correct(tmp_path, monkeypatch):
+    """KERNELCRAFT_SPLIT=templates: a kernel template launched under AT_DISPATCH_FLOATING_TYPES_AND_HALF (the
+    .cu instantiates it for double, float and Half; main.cpp launches it through the address functions)."""
+    monkeypatch.setenv("KERNELCRAFT_SPLIT", "templates")
+    v = evaluate(GPU_TASK, TEMPLATE_CAND, cache_dir=tmp_path, **GPU_OPTS)
+    assert v.status == "correct", f"{v.status}/{v.reasons}: {v.message[:2000]}"
+    assert _variant(tmp_path, "kc_test_cuda_template_dispatch") == SPLIT_V

@@ -239,7 +239,7 @@ def test_split_build_compiles_links_and_imports_with_nvcc(tmp_path, cand):
         cand = f"@{spec}"
     work = tmp_path / "work"
     work.mkdir()
-    env = {**os.environ, "KERNELCRAFT_FASTBUILD": "1", "KERNELCRAFT_SPLIT": "1", "KERNELCRAFT_PCH": "0",
+    env = {**os.environ, "KERNELCRAFT_FASTBUILD": "1", "KERNELCRAFT_SPLIT": "templates", "KERNELCRAFT_PCH": "0",
            "PYTHONPATH": str(ROOT), "TORCH_EXTENSIONS_DIR": str(work / "te")}
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "build_time.py"), "--one", cand, "fast",
                         str(work)], env=env, capture_output=True, text=True, timeout=900)
@@ -272,7 +272,7 @@ def test_decline_reasons():
     assert cusplit.decline_reason(KB_EXAMPLE) is None
     pre = "#include <torch/extension.h>\n"
     assert cusplit.decline_reason(pre + KERNEL.replace("__global__ void k(", "template <typename T> __global__ void k(")
-                                  + WRAPPER).startswith("launch not understood"), "a template launched without <T>"
+                                  + WRAPPER, templates=True).startswith("launch not understood"), "launched without <T>"
     assert cusplit.decline_reason(pre + "#ifdef X\n#endif\n" + KERNEL + WRAPPER).startswith("preprocessor conditional")
     assert cusplit.decline_reason(KB_EXAMPLE, ["-DX=1"]) == "nvcc flag that reaches host code: -DX=1"
     assert cusplit.decline_reason(pre + WRAPPER.replace("k<<<1, 32>>>(y.data_ptr<float>(), 32);", "")) == "no kernel"
@@ -292,7 +292,7 @@ def test_coverage_benchmark_reads_load_inline_calls(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "1 files, 3 load_inline CUDA sources" in p.stdout
     assert "| split | 1 | 33% |" in p.stdout and "| types | 2 | 67% |" in p.stdout, p.stdout
-    assert "| kernel template never launched from host code | 1 |" in p.stdout and "| nvcc flag that reaches host code | 1 |" in p.stdout, p.stdout
+    assert "| kernel template (split with KERNELCRAFT_SPLIT=templates) | 1 |" in p.stdout and "| nvcc flag that reaches host code | 1 |" in p.stdout, p.stdout
 
 
 # -- kernel templates --------------------------------------------------------------------------------------
@@ -328,8 +328,10 @@ torch::Tensor scale_fwd(torch::Tensor x, double a) {
 ])
 def test_kernel_templates_instantiated_as_the_dispatch_macro_does(dispatch, types):
     src = TEMPLATE_CU.replace("DISPATCH(", dispatch if dispatch.endswith(", ") else dispatch + "(")
-    s = cusplit.split(src)
-    assert s is not None, cusplit.decline_reason(src)
+    assert cusplit.split(src) is None, "kernel templates are opt-in"
+    assert cusplit.decline_reason(src) == "kernel template (split with KERNELCRAFT_SPLIT=templates)"
+    s = cusplit.split(src, templates=True)
+    assert s is not None, cusplit.decline_reason(src, templates=True)
     insts = re.findall(r"^template void\* kc_split_addr_(\w+<.*>)\(\);$", s.cuda, re.MULTILINE)
     assert insts == [f"scale<{t}, 256>" for t in types] + ["fill<128>"], "explicit instantiations, dispatch order"
     assert "template <typename scalar_t, int BLOCK> void* kc_split_addr_scale() " \
@@ -349,8 +351,8 @@ def test_kernel_templates_instantiated_as_the_dispatch_macro_does(dispatch, type
                                       "AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::ComplexFloat, ", "("])
 def test_kernel_templates_declined_where_the_types_are_unknown(dispatch):
     src = TEMPLATE_CU.replace("DISPATCH(", dispatch)
-    assert cusplit.split(src) is None
-    assert cusplit.decline_reason(src).startswith("launch not understood")
+    assert cusplit.split(src, templates=True) is None
+    assert cusplit.decline_reason(src, templates=True).startswith("launch not understood")
 
 
 def test_kernel_template_parameter_lists():
@@ -361,4 +363,4 @@ def test_kernel_template_parameter_lists():
         assert cusplit._template_param_names(bad) is None, bad
     src = TEMPLATE_CU.replace("DISPATCH(", "AT_DISPATCH_FLOATING_TYPES(").replace(
         "template <int BLOCK>\n__global__ void fill", "template <int...>\n__global__ void fill")
-    assert cusplit.decline_reason(src) == "kernel template parameters not understood"
+    assert cusplit.decline_reason(src, templates=True) == "kernel template parameters not understood"
