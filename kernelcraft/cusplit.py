@@ -3,7 +3,7 @@
 Why: nvcc's cost in a `load_inline` build is parsing torch's headers, three times (BENCHMARKS.md, "Cold
 build"); the kernels need none of them. A typical LLM candidate (KernelBench's example and everything
 imitating it) keeps kernels and the Tensor wrapper in one `.cu` that includes `torch/extension.h`. Moved
-to main.cpp — compiled by g++ against the precompiled torch/extension.h (`kernelcraft.pch`) — the wrapper
+to main.cpp — compiled by g++ against a precompiled light header set (`kernelcraft.pch`) — the wrapper
 costs seconds, and nvcc compiles a `.cu` without torch in ~1-2 s.
 
 Design decisions
@@ -23,16 +23,12 @@ Design decisions
   host stub, which pops the configuration and launches. The `<<<>>>` code path itself, so the same errors
   (checked on the GPU: an invalid block size fails with the same CUDA error as in a plain `.cu`), the same
   default stream and shared memory.
-- Kernel templates (opt-in, `KERNELCRAFT_SPLIT=templates`, until they have run on a GPU): each launch names its arguments (`k<256>`, or `k<scalar_t>` under an `AT_DISPATCH_*`
-  macro, which stands for each type the macro dispatches to, as in the plain build). nvcc gives a template
-  kernel's host stub internal linkage, so the end of the `.cu` gets a host function template returning
-  the stub's address (which instantiates the kernel there), explicitly instantiated for those arguments;
-  main.cpp calls it and casts to the type of its own declaration of the kernel template. With
-  c10/util/Half.h or BFloat16.h at the top when those types are among them: the only torch headers a
-  split `.cu` may get.
+- Kernel templates (opt-in, `KERNELCRAFT_SPLIT=templates`, until they have run on a GPU): launches name
+  their arguments (`k<256>`, `k<scalar_t>` under `AT_DISPATCH_*`) and the `.cu` exports each instantiation
+  through an address function (`cutemplates`); c10/util/Half.h or BFloat16.h at the top of the `.cu` when
+  those types are among them, the only torch headers a split `.cu` may get.
 - Declines (returns None, and the `types` path is tried) rather than guesses: a template launched without
-  its arguments or under a dispatch macro not in the table (complex types, AT_DISPATCH_SWITCH), preprocessor conditionals,
-  `__CUDA_ARCH__`, namespaces and `extern "C"` blocks, device variables (`__constant__`, `__device__`,
+  its arguments or under a dispatch macro `cutemplates` does not know, preprocessor conditionals, `__CUDA_ARCH__`, namespaces and `extern "C"` blocks, device variables (`__constant__`, `__device__`,
   `__managed__`), launches inside device code, a launch of anything but a known kernel name, device code
   that names torch, raw strings, flags in `extra_cuda_cflags` that would reach the host code in a plain
   build (`-D`, `-U`, `-I`, `-Xcompiler`, per-thread default stream; `-Xptxas` and the like are device-only
@@ -48,6 +44,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from kernelcraft import cutemplates
 
 VERSION = 2  # bump when the split changes: it is part of the build cache key
 # what a split .cu starts with: the CUDA runtime, as nvcc gives any .cu, and the standard headers torch's brings
@@ -180,7 +178,7 @@ def _split(cuda_source: str, extra_cuda_cflags, allow_templates: bool) -> Split:
     if templates:
         if not instances:
             raise _Decline("kernel template never launched from host code")
-        cuda_parts.append(_instantiations(templates, instances))
+        cuda_parts.append(cutemplates.instantiations(templates, instances))
         # before the candidate's code, as torch's headers are in a plain build (its errors are never shown:
         # a split that fails falls back, so the shifted line numbers do not matter)
         head = "".join(f"#include <c10/util/{h}.h>\n" for h in ("Half", "BFloat16")
@@ -189,36 +187,11 @@ def _split(cuda_source: str, extra_cuda_cflags, allow_templates: bool) -> Split:
     return Split(cuda=head + "".join(cuda_parts), host=host, kernels=list(kernels))
 
 
-def _instantiations(templates: dict, instances: list) -> str:
-    """The end of the split .cu. nvcc gives the host stubs of template kernels internal linkage, so main.cpp
-    cannot name `k<float>` itself: per kernel template an ordinary host function template returns the
-    stub's address (taking it instantiates the kernel, device code and stub, as a launch here would), and
-    is explicitly instantiated for each launch of main.cpp (ordinary external symbols)."""
-    out = ["\n// kernelcraft split build: the kernel template instantiations main.cpp launches"]
-    for name, tpl in templates.items():
-        params = ", ".join(_template_param_names(tpl))
-        out.append(f"{tpl} void* kc_split_addr_{name}() {{ return (void*)&{name}<{params}>; }}")
-        out += [f"template void* kc_split_addr_{name}{targs}();" for n, targs in instances if n == name]
-    return "\n".join(out) + "\n"
-
-
 def _template_head(header: str) -> str | None:
-    """`template <...>` of a kernel template's header; None for what `_template_param_names` cannot name."""
+    """`template <...>` of a kernel template's header; None for what `cutemplates.template_param_names` cannot name."""
     rest = _strip_template_params(header)
     tpl = " ".join(header[:len(header) - len(rest)].split())
-    return tpl if _template_param_names(tpl) is not None else None
-
-
-def _template_param_names(tpl: str) -> list[str] | None:
-    inner = tpl[tpl.index("<") + 1:tpl.rindex(">")]
-    names = []
-    for p in _depth0_split(inner + ")"):
-        p = p.split("=")[0].strip()
-        m = re.fullmatch(r"(?:typename|class|[\w:]+(?:\s+[\w:]+)*)\s+(\w+)", p)
-        if not m or "..." in p:
-            return None  # unnamed parameters, packs, template template parameters
-        names.append(m.group(1))
-    return names
+    return tpl if cutemplates.template_param_names(tpl) is not None else None
 
 
 def _mask(src: str) -> str | None:
@@ -413,18 +386,6 @@ def _host_declaration(header: str) -> str:
 
 # a launch: NAME [<template args>] <<<   (template args: one level of nested <> allowed)
 _LAUNCH = re.compile(r"\b([A-Za-z_]\w*)\s*(<(?:[^<>;{}]|<[^<>;{}]*>)*>)?\s*<<<")
-_DISPATCH = re.compile(r"\bAT_DISPATCH_(\w+?)\s*\(")
-_SCALAR_T = re.compile(r"\bscalar_t\b")
-_INTEGRAL = ["uint8_t", "int8_t", "int16_t", "int32_t", "int64_t"]
-_DISPATCH_TYPES = {  # ATen/Dispatch.h: the types each macro instantiates its lambda for
-    "FLOATING_TYPES": ["double", "float"], "FLOATING_TYPES_AND_HALF": ["double", "float", "c10::Half"],
-    "REDUCED_FLOATING_TYPES": ["c10::Half", "c10::BFloat16"], "INTEGRAL_TYPES": _INTEGRAL,
-    "ALL_TYPES": _INTEGRAL + ["double", "float"]}
-_SCALAR_TYPE = {"Half": "c10::Half", "BFloat16": "c10::BFloat16", "Bool": "bool", "Float": "float",
-                "Double": "double", "Int": "int32_t", "Long": "int64_t", "Short": "int16_t", "Char": "int8_t",
-                "Byte": "uint8_t"}
-
-
 def _rewrite_launches(text: str, mtext: str, kernels: dict, templates: dict, instances: list) -> str | None:
     """Each `k<<<cfg>>>(args)` of a known kernel `k` (`k<targs><<<` of a kernel template) becomes
     `kc_split_launch(k, cfg)(args)`; any other `<<<` declines. The template instantiations the launches
@@ -446,11 +407,11 @@ def _rewrite_launches(text: str, mtext: str, kernels: dict, templates: dict, ins
             return None
         kernel = name
         if targs:
-            types = _dispatch_types(mtext, m.start()) if _SCALAR_T.search(targs) else [None]
+            types = cutemplates.dispatch_types(mtext, m.start()) if cutemplates.SCALAR_T.search(targs) else [None]
             if types is None:
                 return None
             for t in types:
-                inst = (name, targs if t is None else _SCALAR_T.sub(t, targs))
+                inst = (name, targs if t is None else cutemplates.SCALAR_T.sub(t, targs))
                 if inst not in instances:
                     instances.append(inst)
             targs = " ".join(text[m.start(2):m.end(2)].split())
@@ -460,49 +421,3 @@ def _rewrite_launches(text: str, mtext: str, kernels: dict, templates: dict, ins
         pos = close + 3
     out.append(text[pos:])
     return "".join(out)
-
-
-def _dispatch_types(mtext: str, at: int) -> list[str] | None:
-    """The types `scalar_t` takes at position `at`: those of the innermost AT_DISPATCH macro call around it."""
-    best = None
-    for m in _DISPATCH.finditer(mtext, 0, at):
-        depth, i = 1, m.end()
-        while i < len(mtext) and depth:
-            depth += {"(": 1, ")": -1}.get(mtext[i], 0)
-            i += 1
-        if i > at:
-            best = m
-    if best is None:
-        return None
-    kind = best.group(1)
-    extra = re.fullmatch(r"(\w+?)_AND(\d?)", kind)
-    if kind in _DISPATCH_TYPES:
-        return list(_DISPATCH_TYPES[kind])
-    if not extra or extra.group(1) not in _DISPATCH_TYPES or kind.endswith("_AND_HALF"):
-        return None  # complex types, AT_DISPATCH_SWITCH and the like
-    n = int(extra.group(2) or 1)
-    args = _depth0_split(mtext[best.end():])[:n]
-    names = [re.search(r"(\w+)\s*$", a) for a in args]
-    added = [_SCALAR_TYPE.get(re.sub(r"^k", "", x.group(1))) if x else None for x in names]
-    if len(added) != n or None in added:
-        return None
-    return _DISPATCH_TYPES[extra.group(1)] + added
-
-
-def _depth0_split(text: str) -> list[str]:
-    """The comma-separated arguments of a call whose `(` was just consumed (up to its `)`)."""
-    args, depth, cur = [], 0, []
-    for c in text:
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            if depth == 0:
-                break
-            depth -= 1
-        if c == "," and depth == 0:
-            args.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(c)
-    args.append("".join(cur).strip())
-    return args

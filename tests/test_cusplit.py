@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcraft import cusplit, fastbuild
+from kernelcraft import cusplit, cutemplates, fastbuild
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -356,11 +356,11 @@ def test_kernel_templates_declined_where_the_types_are_unknown(dispatch):
 
 
 def test_kernel_template_parameter_lists():
-    assert cusplit._template_param_names("template <typename scalar_t, int BLOCK = 256, class T2>") == \
+    assert cutemplates.template_param_names("template <typename scalar_t, int BLOCK = 256, class T2>") == \
         ["scalar_t", "BLOCK", "T2"]
-    assert cusplit._template_param_names("template <unsigned int N, typename std::size_t M>") == ["N", "M"]
+    assert cutemplates.template_param_names("template <unsigned int N, typename std::size_t M>") == ["N", "M"]
     for bad in ("template <typename... Ts>", "template <typename>", "template <template <class> class C>"):
-        assert cusplit._template_param_names(bad) is None, bad
+        assert cutemplates.template_param_names(bad) is None, bad
     src = TEMPLATE_CU.replace("DISPATCH(", "AT_DISPATCH_FLOATING_TYPES(").replace(
         "template <int BLOCK>\n__global__ void fill", "template <int...>\n__global__ void fill")
     assert cusplit.decline_reason(src, templates=True) == "kernel template parameters not understood"
