@@ -66,10 +66,12 @@ static inline auto kc_split_launch(void (*kernel)(P...), dim3 grid, dim3 block, 
     return [=](P... args) { __cudaPushCallConfiguration(grid, block, shmem, stream) ? (void)0 : kernel(args...); };
 }
 """
-_TORCH_INCLUDE = re.compile(r'#\s*include\s*[<"](?:torch|ATen|c10|caffe2|pybind11|Python)\b')
-_NAMES_TORCH = re.compile(
-    r"\b(?:torch|at|c10|caffe2|py|pybind11)::|\bnamespace\s+(?:torch|at|c10|caffe2)\b|\b(?:ATen|Tensor)\b"
-    r"|\b(?:TORCH|AT|C10|PYBIND11|THP)_\w+|\bPy[A-Z]\w*")
+# what names torch (shared with fastbuild, whose `bare` test adds the include line to the names)
+TORCH_NAMES = (r"\b(?:torch|at|c10|caffe2|py|pybind11)::|\bnamespace\s+(?:torch|at|c10|caffe2)\b|\b(?:ATen|Tensor)\b"
+               r"|\b(?:TORCH|AT|C10|PYBIND11|THP)_\w+")
+TORCH_INCLUDE = r'#\s*include\s*[<"](?:torch|ATen|c10|caffe2|pybind11|Python)'
+_TORCH_INCLUDE = re.compile(TORCH_INCLUDE + r"\b")
+_NAMES_TORCH = re.compile(TORCH_NAMES + r"|\bPy[A-Z]\w*")
 _DECLINE_TEXT = re.compile(r"__CUDA_ARCH__|\bR\"|CUDA_API_PER_THREAD_DEFAULT_STREAM|\b__managed__\b|\b__constant__\b"
                            r"|cudaMemcpy(?:To|From)Symbol|cudaGetSymbolAddress")
 _DECLINE_DIRECTIVE = re.compile(r"#\s*(?:if|ifdef|ifndef|elif|else|endif|line|error)\b")
@@ -84,7 +86,7 @@ _KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "decltype", "al
 @dataclass
 class Split:
     cuda: str  # the torch-free .cu (host-only chunks blanked, so line numbers stay the candidate's)
-    host: str  # for main.cpp, after torch/extension.h and the candidate's cpp_sources
+    host: str  # for main.cpp, after its first header set (`fastbuild`) and the candidate's cpp_sources
     kernels: list[str]
 
 
@@ -292,13 +294,7 @@ def _is_function_definition(mtext: str) -> bool:
 
 def _strip_template_params(header: str) -> str:
     m = re.match(r"\s*template\s*<", header)
-    if not m:
-        return header
-    depth, i = 1, m.end()
-    while i < len(header) and depth:
-        depth += {"<": 1, ">": -1}.get(header[i], 0)
-        i += 1
-    return header[i:]
+    return header[cutemplates.past_close(header, m.end(), "<>"):] if m else header
 
 
 def _depth0(text: str) -> str:
@@ -370,11 +366,7 @@ def _function_name(header: str) -> str | None:
 def _remove_call(text: str, opener: re.Pattern) -> str:
     """`text` without each `opener(...)` (balanced parentheses)."""
     while (m := opener.search(text)) is not None:
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"(": 1, ")": -1}.get(text[i], 0)
-            i += 1
-        text = text[:m.start()] + " " + text[i:]
+        text = text[:m.start()] + " " + text[cutemplates.past_close(text, m.end()):]
     return text
 
 
@@ -386,6 +378,8 @@ def _host_declaration(header: str) -> str:
 
 # a launch: NAME [<template args>] <<<   (template args: one level of nested <> allowed)
 _LAUNCH = re.compile(r"\b([A-Za-z_]\w*)\s*(<(?:[^<>;{}]|<[^<>;{}]*>)*>)?\s*<<<")
+
+
 def _rewrite_launches(text: str, mtext: str, kernels: dict, templates: dict, instances: list) -> str | None:
     """Each `k<<<cfg>>>(args)` of a known kernel `k` (`k<targs><<<` of a kernel template) becomes
     `kc_split_launch(k, cfg)(args)`; any other `<<<` declines. The template instantiations the launches

@@ -28,15 +28,20 @@ _SCALAR_TYPE = {"Half": "c10::Half", "BFloat16": "c10::BFloat16", "Bool": "bool"
                 "Byte": "uint8_t"}
 
 
+def past_close(text: str, i: int, pair: str = "()") -> int:
+    """The index just past the bracket closing the one opened before `i` (`len(text)` if it never closes)."""
+    depth = 1
+    while i < len(text) and depth:
+        depth += {pair[0]: 1, pair[1]: -1}.get(text[i], 0)
+        i += 1
+    return i
+
+
 def dispatch_types(mtext: str, at: int) -> list[str] | None:
     """The types `scalar_t` takes at position `at`: those of the innermost AT_DISPATCH macro call around it."""
     best = None
     for m in DISPATCH.finditer(mtext, 0, at):
-        depth, i = 1, m.end()
-        while i < len(mtext) and depth:
-            depth += {"(": 1, ")": -1}.get(mtext[i], 0)
-            i += 1
-        if i > at:
+        if past_close(mtext, m.end()) > at:
             best = m
     if best is None:
         return None
@@ -88,6 +93,7 @@ def instantiations(templates: dict, instances: list) -> str:
 
 
 def template_param_names(tpl: str) -> list[str] | None:
+    """The parameter names of `template <...>`, in order; None for unnamed ones, packs and template templates."""
     inner = tpl[tpl.index("<") + 1:tpl.rindex(">")]
     names = []
     for p in split_args(inner + ")"):

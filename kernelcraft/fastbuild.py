@@ -65,9 +65,7 @@ _NEEDS_EXTENSION_H = re.compile(
 
 
 # names torch (or pybind11): else a `.cu` of kernels and launchers on raw pointers, the wrapper in cpp_sources
-_NAMES_TORCH = re.compile(
-    r"\b(?:torch|at|c10|caffe2|py|pybind11)::|\bnamespace\s+(?:torch|at|c10|caffe2)\b|\b(?:ATen|Tensor)\b"
-    r"|\b(?:TORCH|AT|C10|PYBIND11|THP)_\w+|#\s*include\s*[<\"](?:torch|ATen|c10|caffe2|pybind11|Python)")
+_NAMES_TORCH = re.compile(cusplit.TORCH_NAMES + "|" + cusplit.TORCH_INCLUDE)
 _NO_TYPES_H = "// kernelcraft fast build: no torch/types.h (this source names nothing of torch)"
 _SPLIT_NOTE = "// kernelcraft split build: the kernels of the candidate's .cu; its host code is in main.cpp"
 

@@ -139,7 +139,7 @@ def _key_dir(root, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: d
     cmd = _commands[memo]
     if cmd is None:
         return None
-    text = HEADERS[header]
+    text = HEADERS[header]  # the full header keeps its earlier key, so PCHs already made stay in use
     d = Path(root) / hashlib.sha256((cmd if header == "full" else f"{cmd}\n{text}").encode()).hexdigest()[:24]
     if write and not (d / "command").exists():
         d.mkdir(parents=True, exist_ok=True)
