@@ -309,11 +309,13 @@ PCH_DIR = Path(tempfile.gettempdir()) / "kc-bt-pch"  # shared by the fast+pch ru
 
 
 def run_child(cand: str, mode: str) -> dict:
-    with tempfile.TemporaryDirectory(prefix=f"kc-bt-{cand}-{mode}-") as tmp:
+    tag = re.sub(r"[^\w.+-]", "_", cand)  # `@/path/spec.json` too
+    with tempfile.TemporaryDirectory(prefix=f"kc-bt-{tag}-{mode}-") as tmp:
         work = Path(tmp)
         base = mode.split("+")[0]
+        templates = os.environ.get("KERNELCRAFT_SPLIT", "").strip().lower() == "templates"  # kept if asked for
         env = {**os.environ, "KERNELCRAFT_FASTBUILD": "0" if base == "plain" else "1",
-               "KERNELCRAFT_SPLIT": "0" if base == "types" else "1",
+               "KERNELCRAFT_SPLIT": "0" if base == "types" else "templates" if templates else "1",
                "KERNELCRAFT_PCH": "1" if mode.endswith("+pch") else "0", "KC_BT_PCH_DIR": str(PCH_DIR),
                "NVCC_APPEND_FLAGS": f"{os.environ.get('NVCC_APPEND_FLAGS', '')} -time {work / 'nvcc_time.csv'}",
                "TORCH_EXTENSIONS_DIR": str(work / "torch_extensions"),

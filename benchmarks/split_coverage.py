@@ -106,39 +106,28 @@ def main() -> int:
 
 
 def compile_split(to_build, markdown: bool) -> None:
-    """Build each source cold through build_time.py's child; count the variant that built it."""
+    """Build each source cold through build_time.py's child (`fast+pch`); count the variant that built it."""
     import json
-    import subprocess
     import tempfile
 
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import build_time
+
     built, walls, fails = collections.Counter(), collections.defaultdict(list), []
-    bt = ROOT / "benchmarks" / "build_time.py"
-    pch_dir = Path(tempfile.gettempdir()) / "kc-bt-pch"
     for i, (f, call) in enumerate(to_build):
         with tempfile.TemporaryDirectory(prefix="kc-cov-") as tmp:
             spec = Path(tmp) / "spec.json"
             spec.write_text(json.dumps({**call, "name": f"kc_cov_{i}"}))
-            work = Path(tmp) / "work"
-            work.mkdir()
-            env = {**os.environ, "KERNELCRAFT_FASTBUILD": "1", "KERNELCRAFT_SPLIT": "templates" if
-                   fastbuild.split_templates() else "1", "KERNELCRAFT_PCH": "1",
-                   "KC_BT_PCH_DIR": str(pch_dir), "TORCH_EXTENSIONS_DIR": str(work / "te"),
-                   "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-            p = subprocess.run([sys.executable, str(bt), "--one", f"@{spec}", "fast+pch", str(work)], env=env,
-                               capture_output=True, text=True, timeout=1800)
-            try:
-                res = json.loads(p.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                res = {"status": f"child failed: {p.stderr[-300:]}", "variant": "?"}
-            variant = str(res.get("variant", "?")).removesuffix("+pch").split("-")[0]
-            key = f"{variant}: {res.get('status')}"
-            built[key] += 1
-            walls[key].append(res.get("wall_s") or 0.0)
-            if variant != "split":
-                err = (work / "error.txt").read_text() if (work / "error.txt").exists() else ""
-                fails.append((f.name, key, err.strip().splitlines()[-1][:200] if err.strip() else ""))
-            print(f"[{i + 1}/{len(to_build)}] {f.name}: {key} ({res.get('wall_s') or 0:.1f} s)", file=sys.stderr,
-                  flush=True)
+            res = build_time.run_child(f"@{spec}", "fast+pch")
+        variant = str(res.get("variant", "?")).removesuffix("+pch").split("-")[0]
+        key = f"{variant}: {res.get('status')}"
+        built[key] += 1
+        walls[key].append(res.get("wall_s") or 0.0)
+        if variant != "split":
+            err = (res.get("error") or res.get("stderr") or "").strip()
+            fails.append((f.name, key, err.splitlines()[-1][:200] if err else ""))
+        print(f"[{i + 1}/{len(to_build)}] {f.name}: {key} ({res.get('wall_s') or 0:.1f} s)", file=sys.stderr,
+              flush=True)
     if markdown:
         print("\n| built as | status | sources | median wall |\n|---|---|---|---|")
         for key, n in built.most_common():
