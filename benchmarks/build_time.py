@@ -313,9 +313,9 @@ def run_child(cand: str, mode: str) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"kc-bt-{tag}-{mode}-") as tmp:
         work = Path(tmp)
         base = mode.split("+")[0]
-        templates = os.environ.get("KERNELCRAFT_SPLIT", "").strip().lower() == "templates"  # kept if asked for
+        no_templates = os.environ.get("KERNELCRAFT_SPLIT", "").strip().lower() == "notemplates"  # kept if asked for
         env = {**os.environ, "KERNELCRAFT_FASTBUILD": "0" if base == "plain" else "1",
-               "KERNELCRAFT_SPLIT": "0" if base == "types" else "templates" if templates else "1",
+               "KERNELCRAFT_SPLIT": "0" if base == "types" else "notemplates" if no_templates else "1",
                "KERNELCRAFT_PCH": "1" if mode.endswith("+pch") else "0", "KC_BT_PCH_DIR": str(PCH_DIR),
                "NVCC_APPEND_FLAGS": f"{os.environ.get('NVCC_APPEND_FLAGS', '')} -time {work / 'nvcc_time.csv'}",
                "TORCH_EXTENSIONS_DIR": str(work / "torch_extensions"),

@@ -69,10 +69,11 @@ def main() -> int:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--show-declines", type=int, default=0, help="print the first N declined files")
     ap.add_argument("--compile", type=int, default=0, help="build the first N split sources (see above)")
-    ap.add_argument("--templates", action="store_true", help="split kernel templates too (KERNELCRAFT_SPLIT=templates)")
+    ap.add_argument("--no-templates", action="store_true", help="leave kernel templates unsplit "
+                    "(KERNELCRAFT_SPLIT=notemplates)")
     args = ap.parse_args()
-    if args.templates:
-        os.environ[fastbuild.SPLIT_SWITCH] = "templates"
+    if args.no_templates:
+        os.environ[fastbuild.SPLIT_SWITCH] = "notemplates"
     files = sorted(f for p in map(Path, args.paths) for f in ([p] if p.is_file() else p.rglob("*.py")))
     paths, reasons, declined, to_build = collections.Counter(), collections.Counter(), [], []
     for f in files:

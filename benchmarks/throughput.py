@@ -12,7 +12,7 @@ What it measures, in a fresh cache directory (so "cold" is cold):
    (cache hits, one at a time).
 2. pool, cold: `--n` distinct candidates submitted at once to `kernelcraft.pool.Pool` (build slots =
    `--build-workers`, default one per core; timing slots per GPU = `--per-gpu`, default the pool's
-   `gpu_slots` (2-12 by cores), where the device lock covers each worker's whole GPU phase and the other
+   `gpu_slots` (2-4 by cores with forked workers, 2-12 spawned), where the device lock covers each worker's whole GPU phase and the other
    slots overlap worker start-up), from first submission to last verdict. Results are saved after every
    phase, and SIGINT (e.g. `timeout -s INT`) reports the phases that finished.
 3. pool, cache hit: the same `--n` candidates again (every build is found in the cache).
@@ -199,6 +199,13 @@ def cpu_candidate(i: int, salt: str) -> str:
     return CPU_TEMPLATE.format(unroll=1 + i % 8, name=f"kc_tp_cpu_{salt}_{i}")
 
 
+def _count(values) -> dict:
+    out: dict = {}
+    for x in values:
+        out[str(x)] = out.get(str(x), 0) + 1
+    return out
+
+
 def summarize(verdicts, wall: float) -> dict:
     n = len(verdicts)
     statuses: dict[str, int] = {}
@@ -213,6 +220,8 @@ def summarize(verdicts, wall: float) -> dict:
                                else None),
             "median_phases_s": {k: round(statistics.median(v.phases_s.get(k, 0.0) for v in verdicts if v.phases_s), 3)
                                 for k in dict.fromkeys(k for v in verdicts for k in v.phases_s)},
+            "worker_start": _count(v.env.worker_start for v in verdicts if v.env),
+            "kernel_tracer": _count(v.env.kernel_tracer for v in verdicts if v.env and v.env.kernel_tracer),
             "failures": [f"{v.status}/{','.join(v.reasons)}: {v.message[:300]}" for v in verdicts
                          if v.status != "correct"][:3]}
 
@@ -250,7 +259,7 @@ def main() -> int:
     ap.add_argument("--baseline", type=int, default=3, help="candidates for the one-at-a-time baseline (0: skip)")
     ap.add_argument("--gpus", default=None, help="comma-separated GPU counts to scale over, e.g. 1,2,4")
     ap.add_argument("--per-gpu", type=int, default=None,
-                    help="timing slots per GPU (default: the pool's gpu_slots, 2-12 by cores)")
+                    help="timing slots per GPU (default: the pool's gpu_slots, 2-4 by cores (forked workers))")
     ap.add_argument("--build-workers", type=int, default=None, help="build slots (default: cores)")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--time-budget", type=float, default=3.0, help="timing budget per evaluation, s")

@@ -29,7 +29,8 @@ from kernelcraft.pool import Pool
 
 
 class _Actor:
-    """Runs in a Ray worker process: one call at a time, each spawning a fresh kernelcraft worker."""
+    """Runs in a Ray worker process: one call at a time, each in a fresh kernelcraft worker (forked by this
+    process's zygote, or spawned)."""
 
     def __init__(self, cache_dir: str | None):
         self.cache_dir = cache_dir

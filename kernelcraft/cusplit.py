@@ -23,7 +23,8 @@ Design decisions
   host stub, which pops the configuration and launches. The `<<<>>>` code path itself, so the same errors
   (checked on the GPU: an invalid block size fails with the same CUDA error as in a plain `.cu`), the same
   default stream and shared memory.
-- Kernel templates (opt-in, `KERNELCRAFT_SPLIT=templates`, until they have run on a GPU): launches name
+- Kernel templates (on by default since their GPU test passed on an H100; `KERNELCRAFT_SPLIT=notemplates`
+  turns them off): launches name
   their arguments (`k<256>`, `k<scalar_t>` under `AT_DISPATCH_*`) and the `.cu` exports each instantiation
   through an address function (`cutemplates`); c10/util/Half.h or BFloat16.h at the top of the `.cu` when
   those types are among them, the only torch headers a split `.cu` may get.
@@ -96,7 +97,7 @@ class _Decline(Exception):
 
 def split(cuda_source: str, extra_cuda_cflags=None, templates: bool = False) -> Split | None:
     """The split of one `.cu` source, or None where this module declines (see the docstring). Kernel
-    templates only with `templates=True` (`KERNELCRAFT_SPLIT=templates`: not yet run on a GPU)."""
+    templates only with `templates=True` (what builds pass unless `KERNELCRAFT_SPLIT=notemplates`)."""
     try:
         return _split(cuda_source, extra_cuda_cflags, templates)
     except _Decline:
@@ -147,7 +148,7 @@ def _split(cuda_source: str, extra_cuda_cflags, allow_templates: bool) -> Split:
             decl = _host_declaration(header) + ";"  # from the masked text: no comment can hide the `;`
             if re.match(r"\s*template\b", header):
                 if not allow_templates:
-                    raise _Decline("kernel template (split with KERNELCRAFT_SPLIT=templates)")
+                    raise _Decline("kernel template (not split with KERNELCRAFT_SPLIT=notemplates)")
                 tpl = _template_head(header)
                 if tpl is None:
                     raise _Decline("kernel template parameters not understood")

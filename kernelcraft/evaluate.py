@@ -55,13 +55,14 @@ def _resolve_device(device: str | None) -> tuple[str, str | None]:
     raise ValueError(f"unknown device {device!r}: use cpu, cuda or cuda:N")
 
 
-def _env(worker_env: dict | None) -> Env:
+def _env(worker_env: dict | None, start: str | None = None) -> Env:
     import torch
 
-    e = worker_env or {}
+    e = {**(worker_env or {}), "worker_start": start}
     return Env(kernelcraft=kernelcraft.__version__, torch=e.get("torch", torch.__version__),
                cuda=e.get("cuda", torch.version.cuda), gpu=e.get("gpu"),
-               python=e.get("python", sys.version.split()[0]))
+               python=e.get("python", sys.version.split()[0]), kernel_tracer=e.get("kernel_tracer"),
+               worker_start=e.get("worker_start"))
 
 
 def evaluate(
@@ -228,7 +229,7 @@ def _assemble(base: dict, out: runner.WorkerOutcome, timeout_s: float, build_tim
     was tampered with from inside, whatever path led there."""
     res = out.result
     if res is None:
-        env = _env(None)
+        env = _env(None, out.start)
         if out.forged:
             return Verdict(**base, status="rejected", reasons=["forbidden_construct"], env=env,
                            build_s=out.build_s,
@@ -242,7 +243,7 @@ def _assemble(base: dict, out: runner.WorkerOutcome, timeout_s: float, build_tim
                                    + (f"\n--- worker output (tail) ---\n{out.log_tail}" if out.log_tail else ""))
         return Verdict(**base, status="runtime_error", reasons=["crashed"], env=env, build_s=out.build_s,
                        message=runner.describe_death(out))
-    env = _env(res.get("env"))
+    env = _env(res.get("env"), out.start)
     if env.gpu:
         base = {**base, "device": f"{base['device']} {env.gpu}"}
     t = res.get("timing")

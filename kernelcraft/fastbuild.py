@@ -32,7 +32,7 @@ Design decisions
   variant that built a directory is recorded in it (`.variant`: `split-N`, `types-N`, `bare-N` or
   `plain`), so a cache hit never retries a rewrite that failed.
 - Off with `KERNELCRAFT_FASTBUILD=0` (the plain key and build, exactly as before this module);
-  `KERNELCRAFT_SPLIT=0` turns off the split only.
+  `KERNELCRAFT_SPLIT=0` turns off the split only, `KERNELCRAFT_SPLIT=notemplates` its kernel templates.
 - Accepted risk: a call that compiles with and without the dropped headers but resolves to another
   overload. Nothing a kernel wrapper calls is overloaded by torch/all.h or pybind11 (the usual API
   was checked to compile unchanged against torch/types.h), and a torch-free .cu declares its own.
@@ -52,7 +52,7 @@ from kernelcraft import cusplit, pch
 _TORCH_LOAD_INLINE = cpp_ext.load_inline  # imported by kernelcraft.build before it patches torch
 FAST_VERSION = 1  # bump when the rewrite changes: it is part of the cache key
 ENV_SWITCH = "KERNELCRAFT_FASTBUILD"
-SPLIT_SWITCH = "KERNELCRAFT_SPLIT"  # 0: no split (cusplit), the other fast paths stay; templates: kernel templates too
+SPLIT_SWITCH = "KERNELCRAFT_SPLIT"  # 0: no split (cusplit), the other fast paths stay; notemplates: no kernel templates
 
 _HEAVY_INCLUDE = re.compile(r'^([ \t]*#[ \t]*include[ \t]*)[<"]torch/(?:extension|torch|all)\.h[>"]',
                             re.MULTILINE)
@@ -132,8 +132,8 @@ def plan(cpp_sources, cuda_sources, kwargs: dict | None = None, extra_cflags=Non
 
 
 def split_templates() -> bool:
-    """`KERNELCRAFT_SPLIT=templates`: split kernel templates too (see cusplit)."""
-    return os.environ.get(SPLIT_SWITCH, "").strip().lower() == "templates"
+    """Split kernel templates too (see cusplit), unless `KERNELCRAFT_SPLIT=notemplates`."""
+    return os.environ.get(SPLIT_SWITCH, "").strip().lower() != "notemplates"
 
 
 def _split(source: str, extra_cuda_cflags, templates: bool = False):

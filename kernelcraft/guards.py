@@ -166,7 +166,8 @@ def _harness_surface(ref_mod) -> dict[str, object]:
     classes defined there. A candidate reaching them through sys.modules must not change anything."""
     out: dict[str, object] = {}
     mods = [(n, sys.modules.get(n)) for n in ("kernelcraft.timing", "kernelcraft.check", "kernelcraft.guards",
-                                               "kernelcraft.tripwires", "kernelcraft.build", "kernelcraft.worker", "__main__",
+                                               "kernelcraft.tripwires", "kernelcraft.kerneltrace", "kernelcraft.build",
+                                               "kernelcraft.worker", "__main__",
                                                "json", "json.encoder")]  # the result channel's serialiser
     mods.append(("reference", ref_mod))
     for name, mod in mods:
@@ -179,6 +180,9 @@ def _harness_surface(ref_mod) -> dict[str, object]:
             if isinstance(v, type) and getattr(v, "__module__", None) == mod.__name__:
                 for ck, cv in _class_attrs(v).items():
                     out[f"{name}.{k}.{ck}"] = cv
+    tracer = getattr(sys.modules.get("kernelcraft.kerneltrace"), "_TRACER", None)
+    if tracer is not None:  # strict mode's kernel tracer: its state too (a patched instance method, say)
+        out.update({f"kerneltrace.tracer.{k}": v for k, v in vars(tracer).items() if k not in ("_names", "_buffers")})
     import torch.utils.cpp_extension as cpp_ext
 
     out["cpp_extension.load_inline"], out["cpp_extension.load"] = cpp_ext.load_inline, cpp_ext.load
@@ -308,14 +312,16 @@ def check_threads(state: "ProcessState", candidate_path: str) -> None:
 def check_escaped_processes() -> None:
     """Processes started by the candidate that left the worker's session (setsid, daemonised): killpg
     cannot reach them, so they would outlive the evaluation."""
-    from kernelcraft.runner import WORKER_TAG_VAR, tagged_processes
+    from kernelcraft.runner import WORKER_TAG_VAR, descendants, tagged_processes
 
     tag = os.environ.get(WORKER_TAG_VAR)
     if not tag:
         return
     sid = os.getsid(0)
     escaped = []
-    for pid in tagged_processes(tag):
+    # tagged: started through exec with our environment; descendants: forked without exec (a forked
+    # worker is a child subreaper, so detached ones stay in its tree)
+    for pid in sorted(set(tagged_processes(tag)) | set(descendants(os.getpid()))):
         try:
             if os.getsid(pid) != sid:
                 escaped.append(pid)

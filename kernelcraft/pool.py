@@ -10,10 +10,11 @@ Design decisions
   by the worker's flock. A slot is only a thread that waits on a worker; a worker that crashes or hits
   a CUDA fault has already become a verdict by the time the slot sees it, and the next evaluation gets
   a fresh process, so there is nothing to "replace" at the process level.
-- `per_device` > 1 overlaps one evaluation's worker start-up (interpreter, torch, CUDA context) with
+- `per_device` > 1 overlaps one evaluation's worker start-up (fork or interpreter, CUDA context) with
   another's GPU work. Only safe when the worker's device lock covers construction and checks as well
   as timing (`evaluate(..., lock_scope="device")`): then the pool passes it and defaults to `gpu_slots`
-  per GPU (2-12 by cores: a start-up takes ~10 s, a GPU phase ~1 s); with an `evaluate` that has no such
+  per GPU (2-4 by cores with forked workers, whose start-up takes ~0.7 s against ~1 s on the GPU; 2-12
+  with spawned ones, ~10 s); with an `evaluate` that has no such
   option, the GPU default stays 1 (checks of one candidate must never run beside another's timing).
 - Nothing is lost. Every submission returns a `Future[Verdict]` that is always resolved: a slot that
   raises resolves it with `runtime_error/harness_error`; a watchdog resolves an evaluation that outlives
@@ -49,15 +50,19 @@ POOL_LEVEL = ("cache_dir",)  # evaluate() options a pool owns (not per submissio
 MARGIN_S = 90.0  # beyond the runner's own limits (it may wait 30 s to reap a killed group)
 
 
-def gpu_slots(gpus: int, cores: int | None = None) -> int:
-    """Timing slots per GPU when the worker holds the device from construction to the end of timing.
-    A worker spends ~10 s starting (interpreter, torch, CUDA context, the profiler in strict mode) off the
-    lock and ~1 s on the GPU for a typical candidate, so many workers starting while one holds the device
-    keep the GPU busy (H100, 16 cores: 5 slots gave 15 candidates/min on cache hits, 10 gave 25). Each
-    start-up takes a core, and a waiting worker holds a CUDA context (~0.5 GB): two thirds of the cores
-    per GPU, within 2..12."""
+def gpu_slots(gpus: int, cores: int | None = None, forked: bool | None = None) -> int:
+    """Timing slots per GPU when the worker holds the device from construction to the end of timing: enough
+    workers starting beside the one on the device to keep it busy, as few as that takes (each waiting
+    worker holds a CUDA context, ~0.5 GB, and its start-up is GPU work off the lock).
+    Forked workers (`zygote`) start in ~0.7 s (CUDA context, kernel tracer) against ~1 s on the device: 4
+    (H100, 16 cores, cache hits: 4 slots 31.6 candidates/min, first verdict 5 s; 10 slots 27.9/min, 16 s).
+    Spawned ones (bwrap sandbox, `KERNELCRAFT_ZYGOTE=0`) take ~10 s to start: two thirds of the cores per
+    GPU (5 slots gave 15 candidates/min, 10 gave 25). Both within 2..cap and by cores per GPU."""
+    from kernelcraft import zygote
+
     cores = cores or os.cpu_count() or 2
-    return max(2, min(12, (2 * cores) // (3 * max(1, gpus))))
+    cap = 4 if (zygote.will_fork() if forked is None else forked) else 12
+    return max(2, min(cap, (2 * cores) // (3 * max(1, gpus))))
 
 
 @dataclass(eq=False)

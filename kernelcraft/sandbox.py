@@ -1,7 +1,8 @@
 """Sandboxing the worker process: rlimits always, bubblewrap (bwrap) where the OS allows it.
 
-The runner calls one function, `prepare(argv, env, work_dir=..., cache_dir=...) -> (argv, env)`, right
-before it starts a worker, and spawns what it returns. Modes (`KERNELCRAFT_SANDBOX`, or `mode=`):
+The runner calls `prepare(argv, env, work_dir=..., cache_dir=...) -> (argv, env)` right before it spawns a
+worker, or `fork_settings(env) -> (env, rlimits)` for one forked by the `zygote` (rlimits and off modes
+only: bwrap needs a sandbox made per worker, so with bwrap every worker is spawned). Modes (`KERNELCRAFT_SANDBOX`, or `mode=`):
 `rlimits` (the library default), `auto` (bwrap if a probe run of it works, else rlimits; the default of
 `kernelcraft serve`), `bwrap` (required: refuse to run without it), `off` (nothing; for debugging).
 
@@ -15,7 +16,9 @@ What every mode except `off` does
   written file, `NOFILE` descriptors, and, on CPU-only workers when `KERNELCRAFT_SANDBOX_MEM_GB` is set,
   an address-space cap (never on GPU workers: the CUDA driver reserves terabytes of virtual memory).
   Soft = hard, so the candidate cannot raise them again. The shim also sets `PR_SET_PDEATHSIG`, so the
-  worker dies if the thread that started it goes away (e.g. a Ray actor killed mid-evaluation).
+  worker dies if the thread that started it goes away (e.g. a Ray actor killed mid-evaluation). A worker
+  forked by the zygote sets the same rlimits on itself before the job is read; it dies with its caller
+  because the zygote kills its workers when the caller's end of their socket closes.
 
 What bwrap adds
 - A new network namespace: no network at all (only a loopback that is down); abstract Unix sockets of
@@ -169,6 +172,17 @@ def prepare(argv: list[str], env: dict, *, work_dir, cache_dir, mode: str | None
     writable = [cache_dir] + ([] if _inside(work_dir, cache_dir) else [work_dir])
     env.setdefault("CUDA_CACHE_PATH", str(cache_dir / "nv"))  # the CUDA JIT cache: ~ is read-only
     return [bwrap, *_bwrap_flags(work_dir, writable), *shim], env
+
+
+def fork_settings(env: dict, mode: str | None = None) -> tuple[dict, dict] | None:
+    """For a worker forked from the zygote (`zygote`): its environment and the rlimits it sets on itself,
+    as `prepare` would give a spawned one; None where each worker needs a sandbox of its own (bwrap)."""
+    mode = mode_from_env(mode)
+    if mode == "off":
+        return dict(env), {}
+    if mode in ("auto", "bwrap") and bwrap_path() or mode == "bwrap":
+        return None  # spawned through `prepare` (which refuses mode=bwrap without bwrap)
+    return scrub_env(env), rlimits(env)
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -81,6 +81,8 @@ class Env(BaseModel):
     cuda: str | None = None
     gpu: str | None = None
     python: str | None = None
+    kernel_tracer: str | None = None  # strict mode on a GPU: how kernels were seen ("cupti" or the fallback)
+    worker_start: str | None = None  # "fork" (from the zygote) or "spawn"
 
 
 class Verdict(BaseModel):
@@ -98,10 +100,10 @@ class Verdict(BaseModel):
     env: Env | None = None
     mode: Literal["open", "strict"] = "open"
     guards: list[str] = Field(default_factory=list, description="runtime guards that ran")
-    phases_s: dict[str, float] = Field(default_factory=dict, description="seconds per worker phase (spawn, "
-                                       "and on a GPU start = CUDA context, warmup = first profiler start in strict "
-                                       "mode; reference, import, wait_device, init, check, time); empty without a "
-                                       "worker")
+    phases_s: dict[str, float] = Field(default_factory=dict, description="seconds per worker phase (spawn = "
+                                       "fork or interpreter start, and on a GPU start = CUDA context, warmup = "
+                                       "kernel tracer start in strict mode; "
+                                       "reference, import, wait_device, init, check, time); empty without a worker")
 
     @model_validator(mode="after")
     def _speedup_only_when_correct(self):

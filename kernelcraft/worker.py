@@ -1,9 +1,10 @@
 """The worker: one fresh process per evaluation, where candidate code runs. Never imported by callers.
 
 Design decisions
-- Started by `runner` as `python -m kernelcraft.worker` in its own process group (spawned, not forked:
-  a clean interpreter, a fresh CUDA context). One evaluation per process: a candidate can poison its
-  process (patched modules, a faulted CUDA context, leaked threads), so nothing outlives it.
+- One evaluation per process, in its own process group: forked by the `zygote` (torch and this module
+  imported, nothing else run, no CUDA yet) or, where that is off, spawned as `python -m kernelcraft.worker`.
+  Either way a fresh CUDA context. A candidate can poison its process (patched modules, a faulted CUDA
+  context, leaked threads), so nothing outlives it.
 - Order matters. Clocks and the torch functions the harness relies on are bound (by importing
   `timing`) and process state is snapshot before the reference or candidate is imported.
 - The job comes on stdin, which is closed before candidate code runs; results go back as JSON lines on
@@ -17,8 +18,9 @@ Design decisions
   the next worker's start-up overlaps this one. Exiting frees the flock, whatever happened.
 - Inputs and constructor args come from the reference module only. Both models are constructed after
   seeding the same seed (identical weights); each side gets its own copy of every input.
-- In strict mode on a GPU, the CUDA profiler (which shows whose kernels ran) is started once right after
-  CUDA init: its first start costs seconds (CUPTI), paid here before the lock rather than on it.
+- In strict mode on a GPU, the kernel tracer (which shows whose kernels ran: CUPTI through `kerneltrace`,
+  else torch.profiler) is started right after CUDA init, before the lock (phase `warmup`). No other GPU
+  work happens off the lock: it perturbs the timing of the worker holding it.
 - One module, past the ~400-line guideline on purpose: everything that runs beside candidate code is in
   the harness snapshot (`guards._harness_surface`) and in the functions `main` binds before the candidate
   exists; splitting it would spread that surface over more modules to keep in step.
@@ -166,9 +168,13 @@ class Evaluation:
             self.enter("start")  # interpreter and imports done (`spawn`); the CUDA context next
             torch.cuda.set_device(self.device)
             torch.cuda.init()
-            if job.get("mode") == "strict":  # the profiler's first start (CUPTI) takes seconds: pay it here,
+            if job.get("mode") == "strict":  # start the kernel tracer (and prove it on a probe kernel)
                 self.enter("warmup")  # before the lock
                 tripwires.profile_kernels(lambda: torch.zeros(1, device=self.device), self.device)
+                self.result["env"]["kernel_tracer"] = tripwires.kernel_tracer_status()
+            # Nothing else runs on the GPU before the lock: loading the harness's own kernels here (~0.2 s
+            # on the lock otherwise) slowed other workers' timing (H100: time phase 0.43 -> 0.75 s, see
+            # BENCHMARKS.md), so one-time costs of checks stay on the lock.
         self.enter("reference")
         try:
             self.ref_mod = _import_file(job["task_path"], "kernelcraft_reference")
@@ -494,7 +500,8 @@ class _device_lock:
             self.f.close()
 
 
-def main() -> None:
+def main(chan_fd: int | None = None) -> None:
+    """Read the job from stdin, evaluate, send the result on the channel (`chan_fd`, else the job's fd)."""
     # Bound before any candidate code runs: a candidate that patches this module (it is `__main__`) or
     # the guards through sys.modules cannot change how its outcome is classified or what is sent.
     classify_, send, verify, reject = classify, Channel.send, guards.ProcessState.verify, Reject
@@ -502,7 +509,7 @@ def main() -> None:
     sys.stdin.close()
     os.close(0)
     nonce = job.pop("nonce")
-    fd = job.pop("fd")
+    fd = job.pop("fd") if chan_fd is None else chan_fd
     # If the harness is found tampered with, nothing Python-level can be trusted to write the verdict
     # (the candidate may have patched the serialiser itself): that line is encoded now and written with a
     # raw os.write bound now, its message filtered to plain characters by C-level str methods.

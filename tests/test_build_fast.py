@@ -353,9 +353,9 @@ TEMPLATE_CAND = FIXTURES / "legit" / "gpu_cuda_template_dispatch.py"
 
 @pytest.mark.gpu
 def test_gpu_split_kernel_template_is_correct(tmp_path, monkeypatch):
-    """KERNELCRAFT_SPLIT=templates: a kernel template launched under AT_DISPATCH_FLOATING_TYPES_AND_HALF (the
+    """Kernel templates (split by default): a kernel template launched under AT_DISPATCH_FLOATING_TYPES_AND_HALF (the
     .cu instantiates it for double, float and Half; main.cpp launches it through the address functions)."""
-    monkeypatch.setenv("KERNELCRAFT_SPLIT", "templates")
+    monkeypatch.setenv("KERNELCRAFT_SPLIT", "1")
     v = evaluate(GPU_TASK, TEMPLATE_CAND, cache_dir=tmp_path, **GPU_OPTS)
     assert v.status == "correct", f"{v.status}/{v.reasons}: {v.message[:2000]}"
     assert _variant(tmp_path, "kc_test_cuda_template_dispatch") == SPLIT_V

@@ -239,7 +239,7 @@ def test_split_build_compiles_links_and_imports_with_nvcc(tmp_path, cand):
         cand = f"@{spec}"
     work = tmp_path / "work"
     work.mkdir()
-    env = {**os.environ, "KERNELCRAFT_FASTBUILD": "1", "KERNELCRAFT_SPLIT": "templates", "KERNELCRAFT_PCH": "0",
+    env = {**os.environ, "KERNELCRAFT_FASTBUILD": "1", "KERNELCRAFT_SPLIT": "1", "KERNELCRAFT_PCH": "0",
            "PYTHONPATH": str(ROOT), "TORCH_EXTENSIONS_DIR": str(work / "te")}
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "build_time.py"), "--one", cand, "fast",
                         str(work)], env=env, capture_output=True, text=True, timeout=900)
@@ -292,7 +292,10 @@ def test_coverage_benchmark_reads_load_inline_calls(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "1 files, 3 load_inline CUDA sources" in p.stdout
     assert "| split | 1 | 33% |" in p.stdout and "| types | 2 | 67% |" in p.stdout, p.stdout
-    assert "| kernel template (split with KERNELCRAFT_SPLIT=templates) | 1 |" in p.stdout and "| nvcc flag that reaches host code | 1 |" in p.stdout, p.stdout
+    assert "| kernel template never launched from host code | 1 |" in p.stdout, p.stdout
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "split_coverage.py"), str(tmp_path), "--markdown",
+                        "--no-templates"], capture_output=True, text=True, timeout=120)
+    assert "| kernel template (not split with KERNELCRAFT_SPLIT=notemplates) | 1 |" in p.stdout and "| nvcc flag that reaches host code | 1 |" in p.stdout, p.stdout
 
 
 # -- kernel templates --------------------------------------------------------------------------------------
@@ -328,8 +331,8 @@ torch::Tensor scale_fwd(torch::Tensor x, double a) {
 ])
 def test_kernel_templates_instantiated_as_the_dispatch_macro_does(dispatch, types):
     src = TEMPLATE_CU.replace("DISPATCH(", dispatch if dispatch.endswith(", ") else dispatch + "(")
-    assert cusplit.split(src) is None, "kernel templates are opt-in"
-    assert cusplit.decline_reason(src) == "kernel template (split with KERNELCRAFT_SPLIT=templates)"
+    assert cusplit.split(src) is None, "templates=False (KERNELCRAFT_SPLIT=notemplates) leaves them alone"
+    assert cusplit.decline_reason(src) == "kernel template (not split with KERNELCRAFT_SPLIT=notemplates)"
     s = cusplit.split(src, templates=True)
     assert s is not None, cusplit.decline_reason(src, templates=True)
     insts = re.findall(r"^template void\* kc_split_addr_(\w+<.*>)\(\);$", s.cuda, re.MULTILINE)

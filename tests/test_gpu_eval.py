@@ -93,6 +93,8 @@ def test_cuda_inline_candidate_strict_mode(cuda_cold_and_warm):
     v = evaluate(TASK, CUDA_CAND, **{**OPTS, "mode": "strict", "timing": False})
     assert v.status == "correct", f"{v.status}/{v.reasons}: {v.message[:3000]}"
     assert v.mode == "strict"
+    # kernels seen through CUPTI directly (not torch.profiler's seconds-long start), in a forked worker
+    assert (v.env.kernel_tracer, v.env.worker_start) == ("cupti", "fork"), v.env
 
 
 def test_triton_candidate_correct():
@@ -104,6 +106,35 @@ def test_triton_candidate_correct():
 def test_triton_candidate_strict_mode():
     v = evaluate(TASK, TRITON_CAND, **{**OPTS, "mode": "strict", "timing": False})
     assert v.status == "correct", f"{v.status}/{v.reasons}: {v.message[:3000]}"
+    assert v.env.kernel_tracer == "cupti", v.env
+
+
+def test_kernel_tracer_sees_launches_streams_and_graph_replays():
+    """`kerneltrace` (CUPTI activity records read through ctypes) names kernels launched on any stream and
+    kernels replayed from a CUDA graph, where no launch API is called."""
+    import torch
+
+    from kernelcraft import kerneltrace
+
+    x = torch.ones(1 << 16, device="cuda")
+    t = kerneltrace.Tracer()
+    assert t.start(lambda: x.add_(1)), t.why
+    names = t.trace(lambda: torch.relu(x))
+    assert names and all(n.isprintable() for n in names), names
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        names_side = t.trace(lambda: x.mul_(2))
+    assert names_side, "a kernel on a side stream was not seen"
+    g = torch.cuda.CUDAGraph()
+    static = torch.zeros_like(x)
+    with torch.cuda.stream(side):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(g):
+            static.copy_(torch.tanh(x))
+    torch.cuda.synchronize()
+    replayed = t.trace(g.replay)
+    assert any("tanh" in n.lower() for n in replayed), replayed
+    assert t.trace(lambda: None) == set()
 
 
 def test_illegal_address_then_good_candidate(cuda_cold_and_warm):

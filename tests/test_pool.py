@@ -46,8 +46,12 @@ def test_phase_durations_and_gpu_slots():
     out = WorkerOutcome(phases=[("reference", 5.0), ("import", 5.5), ("check", 6.0), ("time", 7.5), ("end", 8.0)])
     assert out.durations() == {"spawn": 5.0, "reference": 0.5, "import": 0.5, "check": 1.5, "time": 0.5}
     assert WorkerOutcome().durations() == {}
-    # enough workers starting up beside the one on the device, by cores per GPU, within 2..12
-    assert [gpu_slots(1, 16), gpu_slots(1, 2), gpu_slots(8, 128), gpu_slots(1, 64), gpu_slots(4, 16)] == [10, 2, 10, 12, 2]
+    # enough workers starting up beside the one on the device, by cores per GPU, within 2..12 (spawned) or
+    # 2..4 (forked: start-up is short)
+    spawned = [gpu_slots(1, c, forked=False) for c in (16, 2, 64)] + [gpu_slots(8, 128, False), gpu_slots(4, 16, False)]
+    assert spawned == [10, 2, 12, 10, 2]
+    forked = [gpu_slots(1, c, forked=True) for c in (16, 2, 64)] + [gpu_slots(8, 128, True), gpu_slots(4, 16, True)]
+    assert forked == [4, 2, 4, 4, 2]
 
 
 class RecordingBackend(LocalBackend):
