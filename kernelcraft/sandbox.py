@@ -200,4 +200,11 @@ def describe(mode: str | None = None) -> dict:
     return {"mode": mode, "effective": effective, "bwrap": bwrap_path(),
             "network": "blocked" if effective == "bwrap" else "open",
             "writes": "work dir + cache only" if effective == "bwrap" else "unrestricted",
-            "rlimits": None if effective == "off" else rlimits({}), "env_scrubbed": effective != "off"}
+            "rlimits": None if effective == "off" else rlimits({}), "env_scrubbed": effective != "off",
+            "worker_start": "fork" if _zygote().will_fork(mode) else "spawn"}
+
+
+def _zygote():
+    from kernelcraft import zygote  # it imports this module
+
+    return zygote

@@ -395,12 +395,12 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def will_fork() -> bool:
+def will_fork(mode: str | None = None) -> bool:
     """Whether workers started now would be forked (the zygote is on and the sandbox mode allows it)."""
     from kernelcraft import sandbox
 
     try:
-        return enabled() and sandbox.fork_settings({}) is not None
+        return enabled() and sandbox.fork_settings({}, mode) is not None
     except sandbox.SandboxError:
         return False
 

@@ -184,6 +184,7 @@ def test_batch_in_order_with_a_candidate_that_kills_its_worker(server):
     assert s["queue_depth"] == 0 and s["completed"] >= len(items)
     assert s["by_status"]["runtime_error"] >= 2 and s["throughput_per_min"] > 0
     assert "hit_rate" in s["build_cache"] and s["sandbox"]["rlimits"]["RLIMIT_CORE"] == 0
+    assert s["sandbox"]["worker_start"] == ("spawn" if s["sandbox"]["effective"] == "bwrap" else "fork")
     assert s["service"]["batches"] >= 1
 
 
