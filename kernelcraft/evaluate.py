@@ -58,11 +58,11 @@ def _resolve_device(device: str | None) -> tuple[str, str | None]:
 def _env(worker_env: dict | None, start: str | None = None) -> Env:
     import torch
 
-    e = {**(worker_env or {}), "worker_start": start}
+    e = worker_env or {}
     return Env(kernelcraft=kernelcraft.__version__, torch=e.get("torch", torch.__version__),
                cuda=e.get("cuda", torch.version.cuda), gpu=e.get("gpu"),
                python=e.get("python", sys.version.split()[0]), kernel_tracer=e.get("kernel_tracer"),
-               worker_start=e.get("worker_start"))
+               worker_start=start)
 
 
 def evaluate(

@@ -30,7 +30,6 @@ KIND_CONCURRENT_KERNEL = 10
 NAME_OFFSET = 104  # offsetof(CUpti_ActivityKernel{4..10}, name)
 BUFFER_BYTES = 1 << 20
 _OK = 0
-_MAX_RECORD_ERR = 2  # CUPTI_ERROR_MAX_LIMIT_REACHED: the end of a buffer's records
 
 _BufferRequested = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.POINTER(ctypes.c_uint8)),
                                     ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t))
@@ -117,7 +116,7 @@ class Tracer:
             return False
         self.usable = True
         try:
-            names = self.trace(probe)
+            names = self.trace(probe) or set()
         except Exception as e:  # noqa: BLE001
             names, self.why = set(), f"probe failed: {e}"
         if not names or not all(n.isprintable() for n in names):
@@ -144,14 +143,24 @@ class Tracer:
     def flush(self) -> None:
         self.lib.cuptiActivityFlushAll(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
 
-    def trace(self, fn) -> set[str]:
+    def trace(self, fn) -> set[str] | None:
+        """Run `fn` and name the kernels that ran; None if CUPTI refused to trace (then `fn` still runs).
+        An exception of `fn` propagates, after tracing has stopped."""
         if not self.usable:
             raise RuntimeError(f"kernel tracer unusable: {self.why}")
-        self.begin()
+        try:
+            self.begin()
+        except Exception:  # noqa: BLE001
+            fn()
+            return None
+        names = None
         try:
             fn()
         finally:
-            names = self.end()
+            try:
+                names = self.end()
+            except Exception:  # noqa: BLE001
+                names = None
         return names
 
 

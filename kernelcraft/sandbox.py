@@ -195,16 +195,12 @@ def _inside(path: Path, root: Path) -> bool:
 
 def describe(mode: str | None = None) -> dict:
     """What the sandbox does here: for logs, `/v1/health` and bug reports."""
+    from kernelcraft import zygote  # it imports this module
+
     mode = mode_from_env(mode)
     effective = "bwrap" if mode in ("auto", "bwrap") and bwrap_path() else ("off" if mode == "off" else "rlimits")
     return {"mode": mode, "effective": effective, "bwrap": bwrap_path(),
             "network": "blocked" if effective == "bwrap" else "open",
             "writes": "work dir + cache only" if effective == "bwrap" else "unrestricted",
             "rlimits": None if effective == "off" else rlimits({}), "env_scrubbed": effective != "off",
-            "worker_start": "fork" if _zygote().will_fork(mode) else "spawn"}
-
-
-def _zygote():
-    from kernelcraft import zygote  # it imports this module
-
-    return zygote
+            "worker_start": "fork" if zygote.will_fork(mode) else "spawn"}

@@ -109,19 +109,8 @@ def profile_kernels(fn, device: torch.device) -> set[str] | None:
     from kernelcraft import kerneltrace
 
     tracer = kerneltrace.tracer(probe=lambda: torch.zeros(1, device=device).add_(1))
-    if tracer.usable:
-        try:
-            tracer.begin()
-        except Exception:  # CUPTI refused: no evidence either way (the caller falls back to call counting)
-            fn()
-            return None
-        names = None
-        try:
-            fn()  # the candidate's own exception propagates, after tracing stops
-        finally:
-            with contextlib.suppress(Exception):
-                names = tracer.end()
-        return names or None
+    if tracer.usable:  # None when CUPTI refused: the caller falls back to call counting
+        return tracer.trace(fn) or None
     from torch.profiler import ProfilerActivity, profile
 
     try:
