@@ -10,7 +10,7 @@ What it measures, in a fresh cache directory (so "cold" is cold):
 1. baseline: `evaluate()` one candidate at a time (build inside the evaluation, then timing) — what a
    KernelBench-style harness does — over `--baseline` distinct cold candidates, then the same ones again
    (cache hits, one at a time).
-2. pool, cold: `--n` distinct candidates submitted at once to `kernelcraft.pool.Pool` (build slots =
+2. pool, cold: `--n` distinct candidates submitted at once to `kernelcraft.serve.pool.Pool` (build slots =
    `--build-workers`, default one per core; timing slots per GPU = `--per-gpu`, default the pool's
    `gpu_slots` (2-4 by cores with forked workers, 2-12 spawned), where the device lock covers each worker's whole GPU phase and the other
    slots overlap worker start-up), from first submission to last verdict. Results are saved after every
@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from kernelcraft.evaluate import evaluate
-from kernelcraft.pool import Pool
+from kernelcraft.serve.pool import Pool
 
 TASK = "level2/elementwise_chain"
 CPU_TASK = "tiny/level2/elementwise_chain"
@@ -267,7 +267,7 @@ def main() -> int:
     ap.add_argument("--remeasure-above", type=float, default=3.0, help="0 disables re-measuring big speedups")
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temporary directory (removed after)")
     ap.add_argument("--pch", default="ready", choices=("ready", "auto", "off"),
-                    help="precompiled torch/extension.h for main.cpp (kernelcraft/pch.py): ready = made before the "
+                    help="precompiled torch/extension.h for main.cpp (kernelcraft/build/pch.py): ready = made before the "
                          "first phase, outside its clock (a long-running service's state; the default); auto = "
                          "left to the evaluations (made in the background during the cold phase); off = none")
     ap.add_argument("--out", default=None, help="write the JSON results here")
@@ -294,7 +294,7 @@ def main() -> int:
     elif args.pch == "ready":
         from concurrent.futures import ThreadPoolExecutor
 
-        from kernelcraft import pch
+        from kernelcraft.build import pch
 
         t0 = time.perf_counter()
         usual = pch.usual(gpu)

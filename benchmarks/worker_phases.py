@@ -1,4 +1,4 @@
-"""Where one evaluation's worker time goes: each harness step of `worker.Evaluation` timed in-process.
+"""Where one evaluation's worker time goes: each harness step of `judge.worker.Evaluation` timed in-process.
 
 Usage:
     python benchmarks/worker_phases.py --task level2/elementwise_chain --mode strict --throughput-candidate
@@ -27,9 +27,10 @@ import torch  # noqa: E402
 
 IMPORT_TORCH_S = time.perf_counter() - t0
 
-from kernelcraft import guards, tripwires  # noqa: E402
-from kernelcraft import worker as W  # noqa: E402
-from kernelcraft.screen import screen  # noqa: E402
+from kernelcraft.judge import guards, tripwires  # noqa: E402
+from kernelcraft.judge import worker as W  # noqa: E402
+from kernelcraft.judge.screen import screen  # noqa: E402
+from kernelcraft.protocol import Protocol  # noqa: E402
 from kernelcraft.task import load_task  # noqa: E402
 
 STEPS = [(guards, "poison_free_memory"), (guards, "check_threads"), (guards, "check_escaped_processes"),
@@ -82,10 +83,10 @@ def main() -> int:
     (work / "reference.py").write_text(task.source)
     (work / "candidate.py").write_text(source)
     cache = os.environ.get("KERNELCRAFT_CACHE") or str(work / "cache")
+    protocol = Protocol(trials=args.trials, seed=0, mode=args.mode, time_budget_s=args.time_budget).resolved(args.device)
     job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"), device=args.device,
-               trials=args.trials, atol=None, rtol=None, seed=0, mode=args.mode, timing=True, cache_dir=cache,
-               kernel_names=screen(source, args.mode).kernel_names, runtime_guards=True, lock_scope="timing",
-               timing_opts=dict(budget_s=args.time_budget, target=0.01), lock_path=str(work / "device.lock"))
+               protocol=protocol.key(), cache_dir=cache, kernel_names=screen(source, args.mode).kernel_names,
+               lock_scope="timing", needs_build=True, preload=[], lock_path=str(work / "device.lock"))
     cuda = args.device.startswith("cuda")
     spent, calls = instrument(torch.cuda.synchronize if cuda else (lambda: None))
     r, w = os.pipe()

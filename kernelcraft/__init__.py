@@ -3,7 +3,7 @@
 The pipeline, one module a stage: task → candidate → build → (worker: check, time, guards) → verdict
 → search → train. `evaluate()` is the entry point for a single judgement.
 """
-__version__ = "0.1.0"
+from kernelcraft.version import __version__  # noqa: F401
 
 from kernelcraft.candidate import Candidate, load_candidate  # noqa: E402
 from kernelcraft.task import Task, TaskError, builtin_names, load_task  # noqa: E402

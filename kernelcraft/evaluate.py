@@ -6,12 +6,15 @@ Design decisions
 - Everything the worker reports is re-assembled into a `Verdict` here, so the record's shape is owned in
   one place; deaths (crash, timeout, forged channel) become verdicts too. No exception escapes for a
   bad candidate; a bad *task* or option raises (`TaskError`, `ValueError`) — that is the caller's bug.
+- The rules are one `Protocol` value, resolved for the device before anything runs and recorded in the
+  verdict; the worker gets it whole in its job and has no defaults of its own.
 - `evaluate_many` runs evaluations concurrently in threads, each with its own worker; timing on one
   device is serialised by the device lock, so parallel evaluations never time against each other.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -22,44 +25,22 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import kernelcraft
-from kernelcraft import pch, runner
+from kernelcraft import devices
+from kernelcraft.build import pch
 from kernelcraft.candidate import Candidate, load_candidate, needs_build, preloads, structure_problem
-from kernelcraft.screen import screen as static_screen
+from kernelcraft.judge import runner
+from kernelcraft.judge.screen import screen as static_screen
+from kernelcraft.protocol import Protocol
 from kernelcraft.task import Task, load_task
 from kernelcraft.verdict import Correctness, Env, Timing, Verdict
-
-
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _resolve_device(device: str | None) -> tuple[str, str | None]:
-    """('cpu' | 'cuda:N', the CUDA_VISIBLE_DEVICES value for the worker)."""
-    device = device or default_device()
-    if device == "cpu":
-        return "cpu", None
-    if device == "cuda" or device.startswith("cuda:"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} requested but no CUDA GPU is visible")
-        index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
-        if not 0 <= index < torch.cuda.device_count():
-            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} GPU(s) visible")
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        physical = visible.split(",")[index].strip() if visible else str(index)
-        return f"cuda:{index}", physical
-    raise ValueError(f"unknown device {device!r}: use cpu, cuda or cuda:N")
+from kernelcraft.version import __version__
 
 
 def _env(worker_env: dict | None, start: str | None = None) -> Env:
-    import torch
+    import torch  # here, not at the top: callers that never judge (the CLI's --help) start without torch
 
     e = worker_env or {}
-    return Env(kernelcraft=kernelcraft.__version__, torch=e.get("torch", torch.__version__),
+    return Env(kernelcraft=__version__, torch=e.get("torch", torch.__version__),
                cuda=e.get("cuda", torch.version.cuda), gpu=e.get("gpu"),
                python=e.get("python", sys.version.split()[0]), kernel_tracer=e.get("kernel_tracer"),
                worker_start=start)
@@ -69,50 +50,40 @@ def evaluate(
     task: "str | Path | Task",
     candidate: "str | Path | Candidate",
     *,
+    protocol: "Protocol | dict | None" = None,
     device: str | None = None,
-    trials: int = 5,
-    atol: float | None = None,
-    rtol: float | None = None,
-    mode: str = "open",
-    seed: int = 42,
-    timing: bool = True,
-    time_budget_s: float = 3.0,
-    target_ci: float = 0.01,
-    min_rounds: int = 10,
-    timeout_s: float = 180.0,
-    build_timeout_s: float = 900.0,
     cache_dir: str | os.PathLike | None = None,
     keep_workdir: bool = False,
-    screen: bool = True,
-    runtime_guards: bool = True,
-    remeasure_above: float | None = 3.0,
     best_known_speedup: float | None = None,
     lock_scope: str = "timing",
+    **knobs,
 ) -> Verdict:
     """Judge one candidate against one task: correctness over `trials` seeds, then paired timing.
 
-    A speedup above `remeasure_above` (or above 2× `best_known_speedup`) is measured again in fresh
+    The rules are a `Protocol` (`protocol=`, and/or its field names as keyword overrides: `trials=3`,
+    `mode="strict"`, `time_budget_s=...`); fields left unset take the device kind's defaults, and the
+    resolved protocol is recorded in the verdict. An unknown knob or a bad value raises `ProtocolError`.
+    A speedup above `remeasure_above` (or above 2x `best_known_speedup`) is measured again in fresh
     workers with other seeds (see `_reconcile`): the lowest reproduced speedup is reported, and one that
-    varies more than 2× between workers is `rejected` / `suspicious_speedup`.
+    varies more than 2x between workers is `rejected` / `suspicious_speedup`.
     `lock_scope`: "timing" (the device lock covers timing only) or "device" (it covers construction,
     checks and timing: use it when evaluations on one device run in parallel, see `worker`).
     """
     if lock_scope not in ("timing", "device"):
         raise ValueError(f"lock_scope must be 'timing' or 'device', not {lock_scope!r}")
-    opts = dict(device=device, trials=trials, atol=atol, rtol=rtol, mode=mode, timing=timing,
-                time_budget_s=time_budget_s, target_ci=target_ci, min_rounds=min_rounds, timeout_s=timeout_s,
-                build_timeout_s=build_timeout_s, cache_dir=cache_dir, keep_workdir=keep_workdir, screen=screen,
-                runtime_guards=runtime_guards, lock_scope=lock_scope)
+    dev, visible = devices.resolve(device)
+    proto = Protocol.make(protocol, **knobs).resolved(dev)
+    place = dict(device=dev, visible=visible, cache_dir=cache_dir, keep_workdir=keep_workdir, lock_scope=lock_scope)
     t0 = time.perf_counter()
-    first = _evaluate_once(task, candidate, seed=seed, **opts)
-    threshold = min(x for x in (remeasure_above, 2 * best_known_speedup if best_known_speedup else None,
+    first = _evaluate_once(task, candidate, proto, **place)
+    threshold = min(x for x in (proto.remeasure_above, 2 * best_known_speedup if best_known_speedup else None,
                                 float("inf")) if x is not None)
     if first.status != "correct" or first.speedup is None or first.speedup <= threshold:
         return first
-    runs = [first, _evaluate_once(task, candidate, seed=seed + 7919, **opts)]
+    runs = [first, _evaluate_once(task, candidate, proto.with_(seed=proto.seed + 7919), **place)]
     final = _reconcile(runs)
     if final is None:  # the two disagree: a third worker settles it
-        runs.append(_evaluate_once(task, candidate, seed=seed + 15887, **opts))
+        runs.append(_evaluate_once(task, candidate, proto.with_(seed=proto.seed + 15887), **place))
         final = _reconcile(runs)
     # what this evaluation cost, whichever run's numbers are reported: the build (paid by the first run,
     # the others hit the cache) and the time of every worker, phase by phase
@@ -132,8 +103,6 @@ def _reconcile(runs: list[Verdict]) -> Verdict | None:
     some workers never earns its fast number; autotuned kernels, whose speed honestly varies a little
     between processes, are not thrown away.
     """
-    import math
-
     first = runs[0]
     bad = next((r for r in runs[1:] if r.status != "correct" or r.speedup is None), None)
     if bad is not None:
@@ -162,25 +131,19 @@ def _reconcile(runs: list[Verdict]) -> Verdict | None:
         message=f"speedup re-measured in {len(runs)} fresh workers: {listing}; reporting the lowest"))
 
 
-def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, timing, time_budget_s, target_ci,
-                   min_rounds, timeout_s, build_timeout_s, cache_dir, keep_workdir, screen,
-                   runtime_guards=True, lock_scope="timing") -> Verdict:
+def _evaluate_once(task, candidate, proto: Protocol, *, device: str, visible: str | None, cache_dir,
+                   keep_workdir: bool, lock_scope: str) -> Verdict:
     t0 = time.perf_counter()
     task, cand = load_task(task), load_candidate(candidate)
-    if mode not in ("open", "strict"):
-        raise ValueError(f"unknown mode {mode!r}: use open or strict")
-    if trials < 1:
-        raise ValueError("trials must be at least 1")
-    dev, visible = _resolve_device(device)
-    base = dict(task=task.name, candidate_sha256=cand.sha256, device=dev, mode=mode)
+    base = dict(task=task.name, candidate_sha256=cand.sha256, device=device, mode=proto.mode, protocol=proto)
 
     problem = structure_problem(cand.source)
     if problem:
         reason, message = problem
         return Verdict(**base, status="compile_error", reasons=[reason], message=message,
                        wall_s=time.perf_counter() - t0, env=_env(None))
-    scr = static_screen(cand.source, mode)
-    if screen and scr.findings:
+    scr = static_screen(cand.source, proto.mode)
+    if proto.screen and scr.findings:
         return Verdict(**base, status="rejected", reasons=scr.reasons, guards=["screen"],
                        message="; ".join(m for _, m in scr.findings[:5]),
                        wall_s=time.perf_counter() - t0, env=_env(None))
@@ -192,20 +155,23 @@ def _evaluate_once(task, candidate, *, device, trials, atol, rtol, mode, seed, t
     with _work_dir(root, "eval-", {"reference.py": task.source, "candidate.py": cand.source},
                    keep=keep_workdir) as work:
         job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"),
-                   device=dev, trials=trials, atol=atol, rtol=rtol, seed=seed, mode=mode,
-                   timing=timing, cache_dir=str(root), kernel_names=scr.kernel_names,
-                   runtime_guards=runtime_guards, lock_scope=lock_scope, needs_build=builds,
-                   preload=preloads(cand.source),
-                   timing_opts=dict(budget_s=time_budget_s, target=target_ci, min_rounds=min_rounds),
-                   lock_path=str(root / "locks" / (f"gpu-{socket.gethostname()}-{visible}.lock" if visible
-                                                   else f"cpu-{socket.gethostname()}.lock")))
-        out = runner.run_worker(job, work, root, visible, timeout_s, build_timeout_s)
-        verdict = _assemble(base, out, timeout_s, build_timeout_s, expect={"trials": trials, "timing": timing})
+                   device=device, protocol=proto.key(), cache_dir=str(root), kernel_names=scr.kernel_names,
+                   lock_scope=lock_scope, needs_build=builds, preload=preloads(cand.source),
+                   lock_path=_lock_path(root, visible))
+        out = runner.run_worker(job, work, root, visible, proto.timeout_s, proto.build_timeout_s)
+        verdict = _assemble(base, out, proto.timeout_s, proto.build_timeout_s,
+                            expect={"trials": proto.trials, "timing": proto.timing})
         verdict.phases_s = out.durations()
-        if screen:
+        if proto.screen:
             verdict.guards = ["screen"] + verdict.guards
     verdict.wall_s = time.perf_counter() - t0
     return verdict
+
+
+def _lock_path(root: Path, visible: str | None) -> str:
+    """The device lock every worker on this device (on this host) takes: one flock file per GPU or CPU."""
+    name = f"gpu-{socket.gethostname()}-{visible}.lock" if visible else f"cpu-{socket.gethostname()}.lock"
+    return str(root / "locks" / name)
 
 
 @contextlib.contextmanager
@@ -270,7 +236,8 @@ def _assemble(base: dict, out: runner.WorkerOutcome, timeout_s: float, build_tim
 
 
 def evaluate_many(pairs, *, max_workers: int | None = None, **options) -> list[Verdict]:
-    """Evaluate (task, candidate) pairs concurrently; results in input order."""
+    """Evaluate (task, candidate) pairs concurrently; results in input order. `options` are `evaluate`'s
+    (`protocol=` and knob overrides included), the same for every pair."""
     pairs = list(pairs)
     n = max_workers or min(len(pairs), os.cpu_count() or 2) or 1
     with ThreadPoolExecutor(max_workers=n) as pool:
@@ -284,11 +251,11 @@ def check_task(task: "str | Path | Task", *, device: str | None = None, seed: in
     Runs the reference in a worker too: task files are code, and a broken one must not take the caller down.
     """
     task = load_task(task)
-    dev, visible = _resolve_device(device)
+    dev, visible = devices.resolve(device)
     root = runner.cache_root(cache_dir)
     with _work_dir(root, "probe-", {"reference.py": task.source}) as work:
-        job = dict(task_path=str(work / "reference.py"), candidate_path="", device=dev, seed=seed,
-                   probe=True, cache_dir=str(root), trials=1)
+        job = dict(task_path=str(work / "reference.py"), candidate_path="", device=dev, probe=True,
+                   cache_dir=str(root), protocol=Protocol(seed=seed, trials=1).resolved(dev).key())
         out = runner.run_worker(job, work, root, visible, timeout_s, timeout_s)
     res = out.result
     if res is None:
@@ -316,8 +283,8 @@ def prebuild(candidate: "str | Path | Candidate", *, arch: str | None = None, ti
         return Verdict(**base, status="compile_error", reasons=[problem[0]], message=problem[1], env=_env(None))
     root = runner.cache_root(cache_dir)
     with _work_dir(root, "build-", {"candidate.py": cand.source}) as work:
-        job = dict(task_path="", candidate_path=str(work / "candidate.py"), device="cpu", seed=0, trials=1,
-                   build_only=True, cache_dir=str(root), arch=arch)
+        job = dict(task_path="", candidate_path=str(work / "candidate.py"), device="cpu", build_only=True,
+                   cache_dir=str(root), arch=arch, protocol=Protocol(seed=0, trials=1).resolved("cpu").key())
         out = runner.run_worker(job, work, root, None, timeout_s, timeout_s)
     if out.result is not None and out.result.get("status") == "correct":
         return None

@@ -5,6 +5,8 @@ Design decisions
   fields, never by renaming contract fields.
 - `speedup` is set only for `correct` verdicts. Every other status carries `speedup = None`, whatever
   the worker measured: a wrong or cheating candidate never has a speedup.
+- The protocol that produced a verdict travels in it (`protocol`, additive to the contract): a number
+  is never separated from the rules it was measured under.
 - Reason codes are plain strings listed here, so tests and users can import them instead of
   retyping them.
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
+
+from kernelcraft.protocol import Protocol
 
 Status = Literal["correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected"]
 
@@ -104,6 +108,8 @@ class Verdict(BaseModel):
                                        "fork or interpreter start, and on a GPU start = CUDA context, warmup = "
                                        "kernel tracer start in strict mode; "
                                        "reference, import, wait_device, init, check, time); empty without a worker")
+    protocol: Protocol | None = Field(None, description="the resolved protocol this verdict was reached under "
+                                      "(kernelcraft.protocol); None only for records made without judging")
 
     @model_validator(mode="after")
     def _speedup_only_when_correct(self):

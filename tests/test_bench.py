@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kernelcraft.bench import BenchError, BenchOptions, metrics, resolve, run
+from kernelcraft.protocol import Protocol
+from kernelcraft.bench.run import BenchError, BenchOptions, metrics, resolve, run
 from kernelcraft.cli import app
 
 FIX = Path(__file__).parent / "fixtures"
@@ -82,8 +83,9 @@ def read_lines(path: Path) -> list[dict]:
 
 
 def opts(**kw) -> BenchOptions:
-    base = {"device": "cpu", "baselines": "eager", "trials": 2, "eval_time_s": 0.3, "remeasure_above": None, "jobs": 1}
-    return BenchOptions(**{**base, **kw})
+    knobs = {k: kw.pop(k) for k in list(kw) if k in Protocol.model_fields}
+    protocol = Protocol.make(dict(trials=2, time_budget_s=0.3, remeasure_above=None), **knobs)
+    return BenchOptions(**{"device": "cpu", "baselines": "eager", "jobs": 1, "protocol": protocol, **kw})
 
 
 # ---- metrics --------------------------------------------------------------------------------------------
@@ -383,8 +385,8 @@ QUICK_OPT = {"confirm": 0, "null_control": False, "policy_options": {"skip": "co
 
 def _own_rules_only(run_dir: Path, task) -> list[str]:
     """The rewrite tokens a run proposed, checked against its own task's rewrites (not another task's)."""
-    from kernelcraft import rewrite
-    from kernelcraft.rundb import RunDB
+    from kernelcraft.search.recipes import rewrite
+    from kernelcraft.search.rundb import RunDB
 
     db = RunDB(run_dir)
     try:
@@ -424,7 +426,7 @@ def _fake_optimize(calls: list, delay: dict, fail: str | None = None):
     """A stand-in for bench._optimize_item: records overlapping calls and the thread each runs in."""
     import threading
 
-    from kernelcraft.optimize import Cancelled
+    from kernelcraft.search.optimize import Cancelled
 
     lock, active = threading.Lock(), [0]
 
@@ -452,7 +454,7 @@ def _fake_optimize(calls: list, delay: dict, fail: str | None = None):
 def test_task_jobs_runs_optimizations_concurrently_and_logs_in_completion_order(tmp_path, monkeypatch, cache_dir):
     import threading
 
-    import kernelcraft.bench as bench
+    import kernelcraft.bench.run as bench
 
     src = lambda: resolve("tiny/level1", device="cpu")  # noqa: E731
     names = [it.name for it in src().items[:3]]
@@ -477,7 +479,7 @@ def test_task_jobs_runs_optimizations_concurrently_and_logs_in_completion_order(
 
 
 def test_task_jobs_a_failed_task_stops_the_others_and_propagates(tmp_path, monkeypatch, cache_dir):
-    import kernelcraft.bench as bench
+    import kernelcraft.bench.run as bench
 
     names = [it.name for it in resolve("tiny/level1", device="cpu").items[:4]]
     a, b, c, d = names
@@ -497,8 +499,8 @@ def test_task_jobs_a_failed_task_stops_the_others_and_propagates(tmp_path, monke
 
 INTERRUPT_SCRIPT = r"""
 import sys, threading
-import kernelcraft.bench as bench
-from kernelcraft.optimize import Cancelled
+import kernelcraft.bench.run as bench
+from kernelcraft.search.optimize import Cancelled
 
 lock = threading.Lock()
 
@@ -541,11 +543,11 @@ def test_cancelled_optimize_drops_the_killed_evaluation_and_resumes(tmp_path, ca
     """What bench does to a concurrent optimize run on Ctrl-C: cancel, then kill its worker mid-evaluation."""
     import threading
 
-    from kernelcraft import runner
-    from kernelcraft.optimize import Cancelled, Options, optimize
-    from kernelcraft.rundb import RunDB
+    from kernelcraft.judge import runner
+    from kernelcraft.search.optimize import Cancelled, Options, optimize
+    from kernelcraft.search.rundb import RunDB
 
-    o = Options(device="cpu", budget=1, jobs=1, trials=2, eval_time_s=0.3, **QUICK_OPT)
+    o = Options(device="cpu", budget=1, jobs=1, protocol=Protocol(trials=2, time_budget_s=0.3), **QUICK_OPT)
     cancel, done = threading.Event(), threading.Event()
 
     def interrupt():

@@ -1,4 +1,4 @@
-"""The build fast path (kernelcraft/fastbuild.py): which candidates take it, its own cache key, the
+"""The build fast path (kernelcraft/build/fastbuild.py): which candidates take it, its own cache key, the
 fallback to the plain build when the rewritten `.cu` does not compile, and unchanged compile errors.
 
 CPU tests drive BuildCache with a stand-in for torch's load_inline (no compiler: each takes well under a
@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.utils.cpp_extension as cpp_ext
 
-from kernelcraft import build, fastbuild
-from kernelcraft.build import BuildCache, BuildError
+from kernelcraft.build import cache as build, fastbuild
+from kernelcraft.build.cache import BuildCache, BuildError
 from kernelcraft.evaluate import evaluate
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -289,6 +289,7 @@ def _variant(cache: Path, ext_name: str) -> str:
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # cold nvcc builds of several variants: 17-100 s on the H100
 def test_gpu_fast_path_and_fallback_are_correct(tmp_path):
     src = GPU_CAND.read_text().replace("kc_test_cuda_add_relu", "kc_fast_gpu_ok")
     v = evaluate(GPU_TASK, src, cache_dir=tmp_path, **GPU_OPTS)
@@ -304,6 +305,7 @@ def test_gpu_fast_path_and_fallback_are_correct(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # cold nvcc builds of several variants: 17-100 s on the H100
 def test_gpu_broken_kernel_same_trimmed_error(tmp_path, monkeypatch):
     src = GPU_CAND.read_text().replace("kc_test_cuda_add_relu", "kc_fast_gpu_broken").replace(
         "out[i] = v > 0.0f ? v : 0.0f;", "out[i] = v > 0.0f ? v : zero_value;")
@@ -331,6 +333,7 @@ def test_gpu_split_builds_are_correct(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # cold nvcc builds of several variants: 17-100 s on the H100
 def test_gpu_split_launch_error_as_in_a_types_build(tmp_path, monkeypatch):
     """An invalid launch configuration (4096 threads a block) fails the same way, with the same CUDA error,
     through the split's launch as through <<<>>> in the .cu."""
@@ -352,6 +355,7 @@ TEMPLATE_CAND = FIXTURES / "legit" / "gpu_cuda_template_dispatch.py"
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # cold nvcc builds of several variants: 17-100 s on the H100
 def test_gpu_split_kernel_template_is_correct(tmp_path, monkeypatch):
     """Kernel templates (split by default): a kernel template launched under AT_DISPATCH_FLOATING_TYPES_AND_HALF (the
     .cu instantiates it for double, float and Half; main.cpp launches it through the address functions)."""

@@ -1,6 +1,6 @@
 """check.compare_outputs: structure, per-dtype default tolerances, RMS-scaled atol, NaN/Inf, subclasses.
 
-The tolerance rule under test (kernelcraft/check.py):  |cand - ref| <= atol * scale + rtol * |ref|
+The tolerance rule under test (kernelcraft/judge/compare.py):  |cand - ref| <= atol * scale + rtol * |ref|
 elementwise, with scale = max(1, RMS(ref)); defaults per dtype fp32 1e-4, fp16/bf16 1e-2, fp64 1e-7.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernelcraft.check import DEFAULT_TOL, compare_outputs
+from kernelcraft.judge.compare import DEFAULT_TOL, compare_outputs
 
 
 def ok(ref, cand, **kw):
@@ -190,7 +190,7 @@ def test_inf_must_match_reference_inf():
 def test_finite_where_reference_is_not_finite_fails(bad):
     """NaN/Inf are compared as values (check.py's docstring): where the reference overflows to Inf or yields NaN,
     a candidate returning a finite number (e.g. zeros) computed something else. torch.allclose, KernelBench's
-    check, fails it too. BUG (kernelcraft/check.py): positions non-finite in the reference are skipped unless the
+    check, fails it too. BUG (kernelcraft/judge/compare.py): positions non-finite in the reference are skipped unless the
     candidate is non-finite there, so an all-NaN/Inf reference is matched by torch.zeros."""
     r = torch.tensor([1.0, bad])
     res = compare_outputs(r, torch.tensor([1.0, 0.0]))

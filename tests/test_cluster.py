@@ -13,8 +13,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from kernelcraft.cluster import RayPool  # noqa: E402
-from kernelcraft.pool import Pool  # noqa: E402
+from kernelcraft.serve.cluster import RayPool  # noqa: E402
+from kernelcraft.serve.pool import Pool  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY = FIXTURES / "tasks" / "tiny_elementwise.py"

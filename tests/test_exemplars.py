@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from kernelcraft.exemplars import Exemplar, bucket_probabilities, buckets, contrastive, score_of, select, uniform
+from kernelcraft.search.exemplars import Exemplar, bucket_probabilities, buckets, contrastive, score_of, select, uniform
 
 SPEEDUPS = [0.5, 0.52, 1.0, 1.02, 1.04, 2.0, 4.0, 4.05]  # 4 buckets of width 0.1 in ln(speedup)
 

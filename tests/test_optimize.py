@@ -9,9 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kernelcraft.cli import app
-from kernelcraft.optimize import Options, RunInUse, optimize
-from kernelcraft.policies import Proposal
-from kernelcraft.rundb import RunDB
+from kernelcraft.protocol import Protocol
+from kernelcraft.search.optimize import Options, RunInUse, optimize
+from kernelcraft.search.policies import Proposal
+from kernelcraft.search.rundb import RunDB
 
 from conftest import FIXTURES
 
@@ -59,7 +60,7 @@ def test_rerun_is_a_noop_and_json_is_the_last_line(diag_run, cache_dir):
 
 
 def test_verified_speedup_on_a_tiny_conv_task(tmp_path, cache_dir):
-    res = optimize("tiny/level3/small_cnn", tmp_path, Options(device="cpu", budget=4, confirm=1, eval_time_s=2.0,
+    res = optimize("tiny/level3/small_cnn", tmp_path, Options(device="cpu", budget=4, confirm=1, protocol=Protocol(time_budget_s=2.0),
                                                               policy_options=NO_COMPILE))
     assert res.status == "improved", res
     assert res.best_speedup > 1.0 and res.best_ci95[0] > 1.0 and res.confirmed
@@ -100,7 +101,7 @@ def test_reference_is_never_passed_off(tmp_path, cache_dir):
 def test_null_control_raises_the_bar_only_for_a_real_bias(tmp_path, monkeypatch):
     """A harness that favours candidates (the reference timed against itself comes out 1.3x, CI above 1)
     must not turn a 1.2x candidate into a win; a noisy control (CI around 1) changes nothing."""
-    from kernelcraft import optimize as opt
+    from kernelcraft.search import optimize as opt
 
     def fake(self, source, seed, budget):
         if "null control" in source:

@@ -7,9 +7,9 @@ import pytest
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from kernelcraft.optimize import Options, optimize  # noqa: E402
-from kernelcraft.policies import PolicyError, make_policy  # noqa: E402
-from kernelcraft.rundb import RunDB  # noqa: E402
+from kernelcraft.search.optimize import Options, optimize  # noqa: E402
+from kernelcraft.search.policies import PolicyError, make_policy  # noqa: E402
+from kernelcraft.search.rundb import RunDB  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,10 @@ import pytest
 
 pytest.importorskip("openai")
 
-from kernelcraft.optimize import Options, optimize  # noqa: E402
-from kernelcraft.policies import PolicyError  # noqa: E402
-from kernelcraft.rundb import RunDB  # noqa: E402
+from kernelcraft.protocol import Protocol  # noqa: E402
+from kernelcraft.search.optimize import Options, optimize  # noqa: E402
+from kernelcraft.search.policies import PolicyError  # noqa: E402
+from kernelcraft.search.rundb import RunDB  # noqa: E402
 
 from conftest import FIXTURES  # noqa: E402
 
@@ -84,7 +85,7 @@ def endpoint():
 def test_openai_policy_end_to_end(endpoint, tmp_path, cache_dir, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     opts = Options(policy="openai:test-model", device="cpu", budget=6, k=3, confirm=1, patience=None,
-                   eval_time_s=0.5, policy_options={"base_url": endpoint.url, "api_key": "sk-test",
+                   protocol=Protocol(time_budget_s=0.5), policy_options={"base_url": endpoint.url, "api_key": "sk-test",
                                                     "backoff_s": 0.01, "temperature": 0.2, "max_tokens": 2048})
     res = optimize("tiny/level1/diag_matmul", tmp_path, opts)
     rows = RunDB(tmp_path).rows()
@@ -143,7 +144,7 @@ def test_endpoint_down_stops_the_run(tmp_path, cache_dir):
 
 
 def test_missing_key_is_a_configuration_error(monkeypatch):
-    from kernelcraft.policies import make_policy
+    from kernelcraft.search.policies import make_policy
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelcraft.pool import LocalBackend, Pool, gpu_slots
-from kernelcraft.runner import WorkerOutcome
+from kernelcraft.protocol import ProtocolError
+from kernelcraft.serve.pool import LocalBackend, Pool, gpu_slots
+from kernelcraft.judge.runner import WorkerOutcome
 from kernelcraft.verdict import Verdict
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -188,7 +189,7 @@ def test_build_stage_compile_errors_are_remembered(tmp_path):
 def test_bad_options_raise_at_submit_and_close_resolves_the_queue(tmp_path):
     backend = FakeBackend(tmp_path)
     pool = Pool("cpu", per_device=1, build_workers=1, backend=backend)
-    with pytest.raises(TypeError, match="trails"):
+    with pytest.raises(ProtocolError, match="trails: unknown option"):
         pool.submit(TINY, _cand("a"), trails=3)
     with pytest.raises(ValueError, match="cuda"):
         pool.submit(TINY, _cand("a"), device="cuda")

@@ -1,8 +1,8 @@
 """The prompt: reference, device, exemplars with their scores (best first), failures, rules, protocol."""
 from __future__ import annotations
 
-from kernelcraft.exemplars import Exemplar
-from kernelcraft.prompt import PROMPTS_DIR, DeviceInfo, Failure, build_prompt, device_info
+from kernelcraft.search.exemplars import Exemplar
+from kernelcraft.search.prompt import PROMPTS_DIR, DeviceInfo, Failure, build_prompt, device_info
 from kernelcraft.task import load_task
 
 GPU = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", sm_count=132, memory_gib=79.1, capability="9.0",

@@ -12,12 +12,12 @@ import types
 import pytest
 import torch
 
-from kernelcraft import rewrite, wrappers
-from kernelcraft.exemplars import Exemplar
-from kernelcraft.policies import Context, make_policy
-from kernelcraft.prompt import DeviceInfo
-from kernelcraft.recipes import RecipesPolicy
-from kernelcraft.rundb import Row
+from kernelcraft.search.recipes import rewrite, render as wrappers
+from kernelcraft.search.exemplars import Exemplar
+from kernelcraft.search.policies import Context, make_policy
+from kernelcraft.search.prompt import DeviceInfo
+from kernelcraft.search.recipes.policy import RecipesPolicy
+from kernelcraft.search.rundb import Row
 from kernelcraft.task import load_task
 
 from conftest import FIXTURES
@@ -163,7 +163,7 @@ def _ctx(task, device, history, k=4, allow=False, seed=0):
     items = [Exemplar(r.id, r.source, r.speedup, [], r.meta) for r in history if r.correct]
 
     def sample():
-        from kernelcraft.exemplars import contrastive
+        from kernelcraft.search.exemplars import contrastive
         return contrastive(items, rng, n=2, tau=1.0)
 
     return Context(task=task, device=device, round=len(history) + 1, k=k, history=history, failures=[],
@@ -238,7 +238,7 @@ def test_one_policy_analyses_each_task_it_serves():
 
 
 def test_recipes_refuse_strict_mode(analyses):
-    from kernelcraft.policies import PolicyError
+    from kernelcraft.search.policies import PolicyError
     task, a = analyses["diag"]
     ctx = _ctx(task, GPU, [])
     ctx.mode = "strict"
@@ -247,7 +247,7 @@ def test_recipes_refuse_strict_mode(analyses):
 
 
 def test_generated_candidates_pass_the_static_screen(analyses):
-    from kernelcraft.screen import screen
+    from kernelcraft.judge.screen import screen
     task, a = analyses["conv"]
     for recipe in (["cudagraph"], ["triton"], ["compile:reduce-overhead"], ["channels_last", "cudnn_benchmark"],
                    ["bf16"], ["rewrite:inplace", "compile:default"]):
@@ -257,7 +257,7 @@ def test_generated_candidates_pass_the_static_screen(analyses):
 
 def test_policy_registry():
     assert isinstance(make_policy("recipes"), RecipesPolicy)
-    from kernelcraft.policies import PolicyError
+    from kernelcraft.search.policies import PolicyError
     for bad in ("nope", "openai", "recipes:x"):
         with pytest.raises(PolicyError):
             make_policy(bad)

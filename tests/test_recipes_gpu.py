@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kernelcraft import rewrite, wrappers
+from kernelcraft.search.recipes import render, rewrite
 from kernelcraft.evaluate import evaluate
-from kernelcraft.optimize import Options, optimize
+from kernelcraft.search.optimize import Options, optimize
 from kernelcraft.task import load_task
 
 pytestmark = pytest.mark.gpu
@@ -27,13 +27,13 @@ def conv():
     ["triton", "cudagraph"],
     ["rewrite:inplace", "cudagraph", "cudnn_benchmark"],
     ["channels_last", "cudnn_benchmark"],
-    ["compile:default"],
-    ["compile:reduce-overhead"],
+    pytest.param(["compile:default"], marks=pytest.mark.slow),  # an inductor compile each: tens of seconds
+    pytest.param(["compile:reduce-overhead"], marks=pytest.mark.slow),
 ], ids=lambda r: "+".join(r))
 def test_gpu_recipe_is_correct(conv, recipe, cache_dir):
     task, a = conv
-    src = wrappers.render(task.source, recipe, a, output_dtypes=a.features.get("output_dtypes"))
-    v = evaluate(task, src, device="cuda", time_budget_s=1.0)
+    src = render.render(task.source, recipe, a, output_dtypes=a.features.get("output_dtypes"))
+    v = evaluate(task, src, device="cuda", time_budget_s=0.5)  # plumbing: correct and timed, not how fast
     assert v.status == "correct", (recipe, v.reasons, v.message)
     assert v.speedup and v.speedup > 0
 
@@ -41,17 +41,19 @@ def test_gpu_recipe_is_correct(conv, recipe, cache_dir):
 def test_triton_fusion_on_an_elementwise_chain(cache_dir):
     task = load_task("gpu/level2/elementwise_chain")
     a = rewrite.analyze(task.source)
-    src = wrappers.render(task.source, ["triton"], a)
+    src = render.render(task.source, ["triton"], a)
     v = evaluate(task, src, device="cuda", time_budget_s=1.0, remeasure_above=None)
     assert v.status == "correct", v.message
     assert v.speedup > 1.5  # four memory-bound passes fused into one
 
 
+@pytest.mark.slow  # a whole search (compile recipes among its candidates): minutes
 def test_recipes_find_the_diag_rewrite_on_gpu(tmp_path, cache_dir):
     res = optimize("gpu/level1/diag_matmul", tmp_path, Options(device="cuda", budget=6, confirm=1))
     assert res.status == "improved" and res.best_speedup >= 5.0, res
 
 
+@pytest.mark.slow
 def test_recipes_win_on_a_conv_task_on_gpu(tmp_path, cache_dir):
     res = optimize(CONV, tmp_path, Options(device="cuda", budget=8, confirm=1))
     assert res.status == "improved" and res.best_speedup > 1.0, res

@@ -5,7 +5,7 @@ import ast
 
 import pytest
 
-from kernelcraft.reply import code_blocks, parse_reply, sections
+from kernelcraft.search.reply import code_blocks, parse_reply, sections
 
 from conftest import FIXTURES
 

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kernelcraft.cli import app
-from kernelcraft.report import write_report
-from kernelcraft.rundb import RunDB
+from kernelcraft.search.report import write_report
+from kernelcraft.search.rundb import RunDB
 from kernelcraft.task import load_task
 
 TASK = load_task("tiny/level1/diag_matmul")

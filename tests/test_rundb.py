@@ -4,7 +4,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 
-from kernelcraft.rundb import DB_NAME, RunDB
+from kernelcraft.search.rundb import DB_NAME, RunDB
 
 SRC = "import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
 SAME = "import torch\nclass ModelNew(torch.nn.Module):   # reformatted, commented\n    def forward(self, x):\n\n        return x*2\n"

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from kernelcraft import timing
+from kernelcraft.judge import timing
 
 CPU = torch.device("cpu")
 

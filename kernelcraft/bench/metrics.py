@@ -1,0 +1,153 @@
+"""Bench metrics and the bench summary: what the numbers of `kernelcraft bench` mean.
+
+Design decisions
+- `metrics`, over the scored items (all items but input errors), overall and per level:
+  - `correct`, `correct_rate`;
+  - `fast_p` for p in 0, 0.5, 0.8, 1, 1.5, 2 = the fraction of *all* scored items that are correct
+    and have speedup > p (KernelBench's definition; fast_0 is the correctness rate);
+  - `geomean_speedup` / `median_speedup` (the contract's keys) are over *all* scored items with every
+    failure counted as 1.0 (a failed candidate leaves the baseline in place); `*_correct` variants
+    are over correct items only;
+  - against the best `torch.compile` baseline of the task: speedup_vs_compile = candidate speedup vs
+    eager / max over the task's correct compile baselines of their speedup vs eager — a ratio of two
+    paired measurements (each candidate and each baseline was timed against eager in its own worker),
+    not one direct comparison. A task where no compile baseline was correct compares against eager.
+    `fast_p_vs_compile`, `geomean_speedup_vs_compile`, ... as above; null without a compile baseline.
+- `summarise` builds the summary record (the `--json` contract's keys first, then per-item rows,
+  baseline metrics per baseline and level, and what this invocation did); `report` renders it.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from kernelcraft.bench import baselines as bl
+from kernelcraft.bench.options import BenchOptions
+from kernelcraft.bench.sources import Item, Source
+
+P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
+P_KEYS = tuple(f"{p:g}" for p in P_VALUES)  # "0", "0.5", "0.8", "1", "1.5", "2"
+
+
+
+def geomean(xs) -> float | None:
+    xs = [x for x in xs if x is not None and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def median(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def metrics(rows: list[dict], *, vs_compile: bool = False) -> dict:
+    """Metrics over rows {correct: bool, speedup: float|None[, speedup_vs_compile]} (module docstring)."""
+    n = len(rows)
+    ok = [r for r in rows if r["correct"] and r.get("speedup") is not None]
+
+    def block(key: str, suffix: str) -> dict:
+        return {
+            f"fast_p{suffix}": {k: (sum(r[key] > p for r in ok) / n if n else None) for k, p in zip(P_KEYS, P_VALUES)},
+            f"geomean_speedup{suffix}": geomean([r[key] if r in ok else 1.0 for r in rows]),
+            f"median_speedup{suffix}": median([r[key] if r in ok else 1.0 for r in rows]),
+            f"geomean_speedup{suffix}_correct": geomean([r[key] for r in ok]),
+            f"median_speedup{suffix}_correct": median([r[key] for r in ok]),
+        }
+
+    m = {"tasks": n, "correct": len(ok), "correct_rate": len(ok) / n if n else None, **block("speedup", "")}
+    if vs_compile:
+        m.update(block("speedup_vs_compile", "_vs_compile"))
+    return m
+
+
+def _by_level(rows: list[dict], vs_compile: bool) -> dict:
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(str(r["level"]) if r.get("level") is not None else "unknown", []).append(r)
+    return {k: metrics(groups[k], vs_compile=vs_compile)
+            for k in sorted(groups, key=lambda s: (not s.isdigit(), int(s) if s.isdigit() else 0, s))}
+
+
+SPEEDUP_DEFINITION = ("speedup = eager reference time / candidate time (paired, interleaved timing). geomean_speedup "
+                      "and median_speedup are over all scored tasks with every failure counted as 1.0; *_correct "
+                      "variants are over correct tasks only. fast_p = fraction of all scored tasks that are correct "
+                      "with speedup > p. speedup_vs_compile = speedup / (best correct torch.compile baseline's speedup "
+                      "vs eager; 1.0 when none is correct): a ratio of two paired measurements.")
+
+
+def first_line(msg: str | None) -> str:
+    return (msg or "").strip().splitlines()[0][:200] if (msg or "").strip() else ""
+
+
+def summarise(source: Source, items: list[Item], records: dict, base: dict, wanted: list[str], skipped: dict,
+               stats: dict, out: Path, devname: str, opts: BenchOptions, protocol: dict, resumed: int,
+               evaluated: int, wall: float) -> dict:
+    compile_names = [b for b in wanted if b in bl.COMPILE_BASELINES]
+    rows, errors = [], []
+    statuses: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for it in items:
+        rec = records.get(it.key)
+        if rec is None:  # not evaluated (baselines only)
+            if it.task is None or it.error is not None:
+                continue
+            rec = {"status": "not_evaluated", "reasons": [], "speedup": None, "message": "baselines only"}
+        if rec["status"] == "input_error":
+            errors.append({"item": it.name, "origin": it.origin, "message": rec["message"]})
+            continue
+        statuses[rec["status"]] = statuses.get(rec["status"], 0) + 1
+        for r in rec.get("reasons") or []:
+            reasons[r] = reasons.get(r, 0) + 1
+        sha = it.task.sha256
+        bs = {b: (base.get((sha, b)) or {}) for b in wanted if b != "eager"}
+        comp = {b: bs[b]["speedup"] for b in compile_names if bs[b].get("status") == "correct" and bs[b].get("speedup")}
+        best_c = max(comp.items(), key=lambda kv: kv[1]) if comp else ("eager", 1.0)
+        correct = rec["status"] == "correct" and rec.get("speedup") is not None
+        rows.append({"item": it.name, "level": it.level, "task_id": it.task_id, "status": rec["status"],
+                     "reasons": rec.get("reasons") or [], "correct": correct,
+                     "speedup": rec["speedup"] if correct else None,
+                     "speedup_vs_compile": rec["speedup"] / best_c[1] if correct and compile_names else None,
+                     "ci95": (rec.get("timing") or {}).get("ci95") if correct else None,
+                     "ref_ms": (rec.get("timing") or {}).get("ref_ms"),
+                     "cand_ms": (rec.get("timing") or {}).get("cand_ms"),
+                     "best_compile": best_c[0] if compile_names else None,
+                     "baselines": {b: {"status": bs[b].get("status"), "speedup": bs[b].get("speedup")} for b in bs},
+                     "message": first_line(rec.get("message")), "key": it.key})
+    with_compile = bool(compile_names)
+    scored = not opts.baselines_only
+    m = metrics(rows, vs_compile=with_compile) if scored else {
+        "tasks": len({it.task.sha256 for it in items if it.task is not None and it.error is None}), "correct": None,
+        "fast_p": None, "geomean_speedup": None, "median_speedup": None}
+    if scored and not with_compile:
+        m.update({"fast_p_vs_compile": None, "geomean_speedup_vs_compile": None, "median_speedup_vs_compile": None})
+    base_summary = {}
+    shas = list(dict.fromkeys(it.task.sha256 for it in items if it.task is not None and it.error is None))
+    levels = {it.task.sha256: it.level for it in items if it.task is not None}
+    for b in wanted:
+        if b == "eager":
+            base_summary[b] = {"tasks": len(shas), "note": "the reference itself: 1.0x by definition"}
+            continue
+        brows = []
+        for sha in shas:
+            r = base.get((sha, b)) or {}
+            brows.append({"level": levels.get(sha), "correct": r.get("status") == "correct" and r.get("speedup") is not None,
+                          "speedup": r.get("speedup")})
+        base_summary[b] = {**metrics(brows), "by_level": _by_level(brows, False)}
+    return {
+        "source": source.spec, "kind": source.kind, "out": str(out), "device": devname,
+        **m,
+        "by_level": _by_level(rows, with_compile) if scored else {},
+        "speedup_definition": SPEEDUP_DEFINITION,
+        "items_total": len(items), "input_errors": len(errors), "statuses": statuses, "reasons": reasons,
+        "baselines": {"names": wanted, "skipped": skipped, "compile": compile_names, **stats,
+                      "summary": base_summary},
+        "candidates": "optimize" if not source.has_candidates and source.kind != "pairs" else "given",
+        "policy": opts.policy if not source.has_candidates else None,
+        "budget": opts.budget if not source.has_candidates else None,
+        "task_jobs": opts.task_jobs if not source.has_candidates else None,  # how it ran, not part of the protocol
+        "baselines_only": opts.baselines_only, "protocol": protocol, "resumed": resumed,
+        "evaluated": evaluated,
+        "wall_s": round(wall, 2), "notes": source.notes, "errors": errors,
+        "verdicts": str(out / "verdicts.jsonl"), "items": rows,
+    }

@@ -1,0 +1,249 @@
+"""The bench report: one self-contained HTML page from a bench summary (`metrics.summarise`).
+
+Design decisions
+- Same rules as `report.py` (whose styles it reuses): no dependencies, no network, no JavaScript;
+  plots are SVG generated here; every string that came from a task, a candidate or a verdict message
+  is HTML-escaped.
+- Contents: headline numbers; fast_p against eager and against the best `torch.compile` baseline,
+  overall and per level; the speedup distribution (each series sorted, log scale: the candidates and
+  every measured baseline, failures counted in the caption); per-task bars of the candidate next to
+  each baseline (log scale around 1.0, failures marked ×; scrolls sideways for long suites); the
+  baselines' own summary; one row per task with its verdict; input errors and notes.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from kernelcraft.search.report import _CSS, _e, log_grid
+
+SERIES_COLORS = {"candidate": "#1f5fbf", "inductor": "#c25e00", "inductor-max-autotune": "#7d4e9e",
+                 "cudagraph": "#187a3a"}
+STATUS_CLASS = {"correct": "ok", "incorrect": "bad", "rejected": "bad", "no_candidate": "warn"}
+
+
+def _x(v, digits=2, suffix="x") -> str:
+    return "—" if v is None else f"{v:.{digits}f}{suffix}"
+
+
+def _pct(v) -> str:
+    return "—" if v is None else f"{100 * v:.0f}%"
+
+
+def _log_range(values) -> tuple[float, float]:
+    vals = [v for v in values if v and v > 0] + [1.0]
+    lo, hi = math.log10(max(min(vals) / 1.3, 1e-3)), math.log10(max(vals) * 1.3)
+    if hi - lo < 0.3:
+        lo, hi = lo - 0.15, hi + 0.15
+    return lo, hi
+
+
+def _series(summary: dict) -> dict[str, list]:
+    """{series name: [speedup or None per item]} — the candidate and each measured baseline."""
+    items = summary.get("items") or []
+    names = [b for b in (summary.get("baselines") or {}).get("names", []) if b != "eager"]
+    out = {}
+    if not summary.get("baselines_only"):
+        out["candidate"] = [r["speedup"] for r in items]
+    for b in names:
+        out[b] = [(r["baselines"].get(b) or {}).get("speedup") if (r["baselines"].get(b) or {}).get("status")
+                  == "correct" else None for r in items]
+    return out
+
+
+def _legend(series, x0: int, y0: int) -> str:
+    parts = []
+    for i, name in enumerate(series):
+        x = x0 + i * 170
+        parts.append(f"<rect x='{x}' y='{y0 - 9}' width='12' height='10' fill='{SERIES_COLORS.get(name, '#556')}'/>"
+                     f"<text x='{x + 16}' y='{y0}' fill='#334'>{_e(name)}</text>")
+    return "".join(parts)
+
+
+def distribution_plot(summary: dict, width: int = 1100, height: int = 320) -> str:
+    series = _series(summary)
+    if not series or not summary.get("items"):
+        return "<p class='muted'>Nothing measured yet.</p>"
+    lo, hi = _log_range([v for s in series.values() for v in s])
+    L, R, T, B = 60, 20, 28, 40
+    ph, pw = height - T - B, width - L - R
+    y = lambda s: T + (hi - math.log10(s)) / (hi - lo) * ph
+    n = len(summary["items"])
+    out = [(f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+           "role='img' aria-label='speedup distribution' font-family='system-ui,sans-serif' font-size='11'>"),
+           f"<rect x='{L}' y='{T}' width='{pw}' height='{ph}' fill='#fbfbfd' stroke='#dde'/>"]
+    log_grid(out, lo, hi, y, L, width - R)
+    out.append(_legend(series, L, 14))
+    fails = []
+    for name, vals in series.items():
+        ok = sorted((v for v in vals if v), reverse=True)
+        fails.append(f"{name}: {n - len(ok)} failed")
+        if not ok:
+            continue
+        c = SERIES_COLORS.get(name, "#556")
+        pts = [(L + (i + 0.5) * pw / n, y(v)) for i, v in enumerate(ok)]
+        out.append("<polyline fill='none' stroke='{}' stroke-width='1.5' points='{}'/>".format(
+            c, " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)))
+        for (px, py), v in zip(pts, ok):
+            out.append(f"<circle cx='{px:.1f}' cy='{py:.1f}' r='3' fill='{c}'><title>{_e(name)} {v:.3f}x</title></circle>")
+    out.append(f"<text x='{L + pw / 2:.0f}' y='{height - 8}' text-anchor='middle' fill='#556'>tasks ranked by speedup "
+               f"vs eager, each series sorted on its own (correct results only; {_e('; '.join(fails))})</text></svg>")
+    return "".join(out)
+
+
+def task_bars(summary: dict, height: int = 340) -> str:
+    series = _series(summary)
+    items = summary.get("items") or []
+    if not series or not items:
+        return "<p class='muted'>Nothing measured yet.</p>"
+    k = len(series)
+    bw = 7 if len(items) * k < 160 else 4
+    gw = k * bw + 8
+    L, R, T, B = 60, 20, 28, 110
+    width = max(700, L + R + gw * len(items))
+    ph = height - T - B
+    lo, hi = _log_range([v for s in series.values() for v in s])
+    y = lambda s: T + (hi - math.log10(s)) / (hi - lo) * ph
+    out = [(f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+           "role='img' aria-label='per-task speedups' font-family='system-ui,sans-serif' font-size='10'>"),
+           f"<rect x='{L}' y='{T}' width='{width - L - R}' height='{ph}' fill='#fbfbfd' stroke='#dde'/>"]
+    log_grid(out, lo, hi, y, L, width - R)
+    out.append(_legend(series, L, 14))
+    y1 = y(1.0)
+    for i, r in enumerate(items):
+        x0 = L + i * gw + 4
+        for j, (name, vals) in enumerate(series.items()):
+            v, x = vals[i], x0 + j * bw
+            c = SERIES_COLORS.get(name, "#556")
+            if v:
+                top, bot = sorted((y(v), y1))
+                out.append(f"<rect x='{x:.1f}' y='{top:.1f}' width='{bw - 1}' height='{max(bot - top, 1):.1f}' fill='{c}'>"
+                           f"<title>{_e(r['item'])} — {_e(name)}: {v:.3f}x</title></rect>")
+            else:
+                what = r["status"] if name == "candidate" else ((r["baselines"].get(name) or {}).get("status") or "—")
+                out.append(f"<text x='{x + bw / 2:.1f}' y='{y1 + 4:.1f}' text-anchor='middle' fill='{c}' font-size='11'>"
+                           f"×<title>{_e(r['item'])} — {_e(name)}: {_e(what)}</title></text>")
+        lx = x0 + k * bw / 2
+        out.append(f"<text x='{lx:.1f}' y='{T + ph + 8}' transform='rotate(60 {lx:.1f} {T + ph + 8})' fill='#445'>"
+                   f"{_e(r['item'][-28:])}</text>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _fast_table(summary: dict) -> str:
+    keys = list((summary.get("fast_p") or {}).keys())
+    if not keys:
+        return ""
+    head = "".join(f"<th>fast<sub>{_e(k)}</sub></th>" for k in keys)
+    rows = [("all tasks, vs eager", summary, "")]
+    if summary.get("fast_p_vs_compile"):
+        rows.append(("all tasks, vs best torch.compile", summary, "_vs_compile"))
+    for lv, m in (summary.get("by_level") or {}).items():
+        rows.append((f"level {lv}, vs eager", m, ""))
+        if m.get("fast_p_vs_compile"):
+            rows.append((f"level {lv}, vs best torch.compile", m, "_vs_compile"))
+    body = []
+    for label, m, sfx in rows:
+        fp = m.get(f"fast_p{sfx}") or {}
+        body.append(f"<tr><td>{_e(label)}</td><td class='num'>{m.get('tasks', '')}</td>"
+                    + "".join(f"<td class='num'>{_pct(fp.get(k))}</td>" for k in keys)
+                    + f"<td class='num'>{_x(m.get(f'geomean_speedup{sfx}'))}</td>"
+                    f"<td class='num'>{_x(m.get(f'median_speedup{sfx}'))}</td>"
+                    f"<td class='num'>{_x(m.get(f'geomean_speedup{sfx}_correct'))}</td></tr>")
+    return ("<table id='fastp'><tr><th>scope</th><th>tasks</th>" + head + "<th>geomean (failures = 1)</th>"
+            "<th>median (failures = 1)</th><th>geomean (correct only)</th></tr>" + "".join(body) + "</table>")
+
+
+def _baseline_table(summary: dict) -> str:
+    b = (summary.get("baselines") or {})
+    rows = []
+    for name, m in (b.get("summary") or {}).items():
+        if name == "eager":
+            rows.append(f"<tr><td>eager</td><td class='num'>{m.get('tasks')}</td><td colspan='5' class='muted'>"
+                        f"{_e(m.get('note', ''))}</td></tr>")
+            continue
+        fp = m.get("fast_p") or {}
+        rows.append(f"<tr><td>{_e(name)}</td><td class='num'>{m.get('tasks')}</td><td class='num'>{m.get('correct')}</td>"
+                    f"<td class='num'>{_x(m.get('geomean_speedup_correct'))}</td>"
+                    f"<td class='num'>{_x(m.get('median_speedup_correct'))}</td>"
+                    f"<td class='num'>{_pct(fp.get('1'))}</td><td class='num'>{_pct(fp.get('2'))}</td></tr>")
+    skipped = "".join(f"<li>{_e(k)}: {_e(v)}</li>" for k, v in (b.get("skipped") or {}).items())
+    return ("<table id='baselines'><tr><th>baseline</th><th>tasks</th><th>correct</th><th>geomean vs eager (correct)"
+            "</th><th>median vs eager (correct)</th><th>fast<sub>1</sub></th><th>fast<sub>2</sub></th></tr>"
+            + "".join(rows) + "</table>" + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else ""))
+
+
+def _items_table(summary: dict) -> str:
+    names = [b for b in (summary.get("baselines") or {}).get("names", []) if b != "eager"]
+    head = ("<tr><th>task</th><th>level</th><th>status</th><th>speedup</th><th>95% CI</th><th>vs best compile</th>"
+            + "".join(f"<th>{_e(b)}</th>" for b in names) + "<th>message</th></tr>")
+    body = []
+    for r in summary.get("items") or []:
+        cls = STATUS_CLASS.get(r["status"], "warn")
+        reasons = f" <span class='muted'>({_e(', '.join(r['reasons']))})</span>" if r["reasons"] else ""
+        ci = r.get("ci95")
+        cells = []
+        for b in names:
+            x = r["baselines"].get(b) or {}
+            cells.append(f"<td class='num'>{_x(x.get('speedup')) if x.get('status') == 'correct' else _e(x.get('status') or '—')}</td>")
+        body.append(f"<tr><td>{_e(r['item'])}</td><td class='num'>{_e(r['level'] if r['level'] is not None else '')}</td>"
+                    f"<td class='{cls}'>{_e(r['status'])}{reasons}</td><td class='num'>{_x(r['speedup'], 3)}</td>"
+                    f"<td class='num'>{(_x(ci[0]) + '–' + _x(ci[1])) if ci else ''}</td>"
+                    f"<td class='num'>{_x(r.get('speedup_vs_compile'), 3)}</td>{''.join(cells)}"
+                    f"<td class='muted'>{_e(r.get('message') or '')}</td></tr>")
+    return "<table id='items'>" + head + "".join(body) + "</table>"
+
+
+def render(summary: dict) -> str:
+    s = summary
+    scored = not s.get("baselines_only")
+    b = s.get("baselines") or {}
+    cards = [("tasks", s.get("tasks"))]
+    if scored:
+        fp = s.get("fast_p") or {}
+        cards += [("correct", (f"{s.get('correct')} <span class='muted' style='font-size:12px'>"
+                   f"({_pct(s.get('correct_rate'))})</span>")),
+                  ("fast<sub>1</sub> vs eager", _pct(fp.get("1"))),
+                  ("geomean speedup", _x(s.get("geomean_speedup"))
+                   + "<span class='muted' style='font-size:12px;display:block'>failures = 1.0</span>"),
+                  ("geomean (correct)", _x(s.get("geomean_speedup_correct")))]
+        if s.get("fast_p_vs_compile"):
+            cards.append(("fast<sub>1</sub> vs compile", _pct(s["fast_p_vs_compile"].get("1"))))
+    if s.get("input_errors"):
+        cards.append(("input errors", f"<span class='bad'>{s['input_errors']}</span>"))
+    proto = s.get("protocol") or {}
+    h = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+         f"<title>kernelcraft bench — {_e(s.get('source'))}</title><style>{_CSS}</style></head><body>",
+         f"<h1>kernelcraft bench — {_e(s.get('source'))}</h1>",
+         f"<div class='sub'>{_e(s.get('device'))} · candidates: <b>{_e(s.get('candidates'))}</b>"
+         + (f" (policy {_e(s.get('policy'))}, budget {_e(s.get('budget'))}, {_e(s.get('task_jobs') or 1)} task(s) at a "
+            "time)" if s.get("candidates") == "optimize" else "")
+         + f" · {proto.get('trials')} trials, {proto.get('time_budget_s')} s timing budget, mode {_e(proto.get('mode'))}"
+         + f" · baselines {_e(', '.join(b.get('names') or []) or 'none')}"
+         + f" · {s.get('wall_s', 0):.0f} s</div>",
+         "<div class='cards' id='summary'>" + "".join(f"<div class='card'>{k}<b>{v}</b></div>" for k, v in cards)
+         + "</div>"]
+    if scored:
+        h += ["<h2>fast<sub>p</sub> and speedups</h2>", _fast_table(s),
+              f"<p class='muted'>{_e(s.get('speedup_definition', ''))}</p>"]
+    h += ["<h2>Speedup distribution</h2>", f"<div id='distribution'>{distribution_plot(s)}</div>",
+          "<h2>Per task, against the baselines</h2>", f"<div id='bars' style='overflow-x:auto'>{task_bars(s)}</div>",
+          "<h2>Baselines</h2>", _baseline_table(s),
+          (f"<p class='muted'>Baseline verdicts: measured in this run {b.get('measured_now', 0)}, from this "
+          f"directory {b.get('from_run', 0)}, from the cache {b.get('cache_hits', 0)}.</p>"),
+          "<h2>Tasks</h2>", _items_table(s)]
+    if s.get("errors"):
+        h.append("<h2>Input errors (not scored)</h2><ul id='errors'>"
+                 + "".join(f"<li>{_e(e['message'])}</li>" for e in s["errors"]) + "</ul>")
+    if s.get("notes"):
+        h.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in s["notes"]) + "</ul>")
+    h.append("<p class='muted'>Generated by kernelcraft bench; every number is a paired, interleaved measurement "
+             "against the eager reference in an isolated worker process. Full records: "
+             f"{_e(s.get('verdicts', 'verdicts.jsonl'))}.</p></body></html>")
+    return "\n".join(h)
+
+
+def write_report(summary: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(render(summary), encoding="utf-8")
+    return path

@@ -1,0 +1,422 @@
+"""`kernelcraft bench SOURCE`: judge a whole suite of (task, candidate) pairs against baselines and summarise.
+
+Design decisions
+- Sources (`sources.py`) become items — one task + at most one candidate each: a built-in suite, a
+  directory of KernelBench files (+ `--candidates DIR`), or a CUDA-L1 pairs file. Without candidates
+  (and not a pairs file), each task is *optimized*: `optimize(policy, budget)` runs into
+  `OUT/runs/<task>` (resumable by itself) and its `best.py` is judged afresh like any candidate.
+- Nothing an input contains can crash the bench. A row or file the bench cannot use (bad JSON, no
+  `ref_code`, a reference that is not a KernelBench task) is an item with status `input_error`: it is
+  recorded with its message and counted in `input_errors`, and left out of the metrics (it says
+  nothing about a candidate). Only such statically detected problems are excluded; anything that goes
+  wrong once code runs is the verdict's business. A task without a candidate (a null `custom_code`, no
+  file in the candidates directory, an optimization that found nothing verified faster than the
+  reference) is an item with status `no_candidate`: it counts as a task that failed. Those two statuses
+  are bench-only; every other record is the evaluator's verdict record, unchanged, plus bench fields.
+- Every candidate goes through `serve.pool.Pool` (build slots for inline extensions, timing slots per device,
+  fresh worker per evaluation), with the same protocol for candidates and baselines (`baselines.py`).
+  Work is submitted task by task (its baselines, then its candidates), so an interrupted bench has
+  whole rows. `--jobs` is the pool's timing slots per device: by default the pool's own (`gpu_slots` per GPU,
+  with the device lock covering each worker's whole device phase, so the other slots only overlap worker
+  start-up and imports) and, like `optimize`, 1 on a CPU with fewer than 8 cores.
+- Optimizations run after the pool's work, `--task-jobs` tasks at once (threads; each `optimize` run has
+  its own run directory, lock, database and parallel evaluations). Several are safe on one GPU: every
+  evaluation holds the device lock (a cross-process flock) for its whole device phase, so GPU work never
+  overlaps. Default 1: measured on the H100 with `recipes` (BENCHMARKS.md), 2 at once made each run take
+  twice as long and gained nothing, because a compile recipe's first call (inductor compile and autotuning)
+  is on the device lock. It pays where proposals wait on something else (an LLM endpoint). The shared
+  policy, unless marked `thread_safe` (`policies`), proposes for one run at a time. Records are logged in
+  the calling thread, in completion order; 1 at a time is the old in-order loop. A failed task or Ctrl-C
+  sets the runs' cancel event: they stop, dropping verdicts that arrive later. Not pinned in
+  `bench.json`: a resume may use another `--task-jobs`.
+- Results stream in completion order; each is appended to `OUT/verdicts.jsonl` the moment it arrives
+  (flushed and fsync'd), keyed by (task SHA-256, candidate SHA-256) — or the optimize settings instead
+  of a candidate. Resume is that file: a rerun with the same `--out` skips every key already in it.
+  Identical pairs are evaluated once and share the record (`items` lists them). Ctrl-C keeps every
+  finished line, drops what was in flight (killing its workers) and raises `Interrupted`.
+  `OUT/bench.json` pins the device and the measurement protocol; a rerun with other settings into the
+  same directory is refused rather than mixing numbers.
+- Metrics and the summary are `metrics`' business (definitions there).
+- The summary says what this invocation did: `resumed` (items already in the log), `evaluated`
+  (items judged now), and for baselines `measured_now`, `from_run` (this directory's
+  `baselines.jsonl`) and `cache_hits` (the shared cache).
+- Outputs: `OUT/verdicts.jsonl` (one line per evaluated pair), `OUT/baselines.jsonl` (baseline
+  verdicts), `OUT/summary.json` (the summary, with a row per item), `OUT/report.html` (`report`).
+  The library prints nothing; progress goes to an `on_event(kind, **data)` callback.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import replace
+from pathlib import Path
+
+from kernelcraft import devices
+from kernelcraft.bench import baselines as bl
+from kernelcraft.bench.metrics import first_line, metrics, summarise
+from kernelcraft.bench.options import BenchOptions
+from kernelcraft.bench.report import write_report
+from kernelcraft.bench.sources import BenchError, Item, Source, resolve
+from kernelcraft.evaluate import _env
+from kernelcraft.judge.runner import kill_live_workers
+from kernelcraft.protocol import Protocol
+from kernelcraft.search.optimize import Cancelled, Options, RunInUse, RunLock, optimize
+from kernelcraft.search.policies import PolicyError, make_policy
+from kernelcraft.serve.pool import Pool
+
+__all__ = ["BenchError", "BenchOptions", "Interrupted", "Item", "Source", "default_out", "metrics", "resolve", "run"]
+
+BENCH_STATUSES = ("no_candidate", "input_error")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C: finished verdicts are on disk; rerun the same command to resume."""
+
+    def __init__(self, done: int, out: Path, baselines: int = 0):
+        super().__init__(f"interrupted with {done} verdict(s) and {baselines} new baseline verdict(s) kept in {out}")
+        self.done, self.out, self.baselines = done, out, baselines
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+
+class _Log:
+    """An append-only JSONL file: every line flushed and fsync'd; a torn last line (kill -9) is skipped."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.records: dict[str, dict] = {}
+        if path.exists():
+            raw = path.read_bytes()
+            for line in raw.splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("key"):
+                    self.records[rec["key"]] = rec
+            needs_newline = bool(raw) and not raw.endswith(b"\n")
+        else:
+            needs_newline = False
+        self.f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run, closed in close()
+        if needs_newline:
+            self.f.write("\n")
+
+    def append(self, rec: dict) -> None:
+        self.f.write(json.dumps(rec) + "\n")
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.records[rec["key"]] = rec
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name).strip("_") or "task"
+
+
+def default_out(source: Source) -> Path:
+    return Path("runs") / f"bench-{_slug(source.name)}"
+
+
+def run(source: Source, out: str | os.PathLike | None = None, options: BenchOptions | None = None, *,
+        on_event: Callable[..., None] | None = None) -> dict:
+    """Run (or resume) a bench into `out` and return the summary (also written to OUT/summary.json).
+
+    With more than one task optimized at once, `on_event` also gets called from those runs' threads
+    ("optimize_start", "optimize"), so it must be thread-safe; "result" events come from the calling thread."""
+    opts = options or BenchOptions()
+    emit = on_event or (lambda kind, **data: None)
+    try:
+        dev, _ = devices.resolve(opts.device)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    proto = opts.protocol.resolved(dev)
+    if opts.task_jobs is not None and opts.task_jobs < 1:
+        raise BenchError("task_jobs must be at least 1")
+    opts = replace(opts, task_jobs=opts.task_jobs or 1)  # resolved: the summary reports it
+    try:
+        wanted, skipped = bl.parse(opts.baselines, dev)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    out = Path(out) if out is not None else default_out(source)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    protocol = proto.key()
+    devname = devices.timing_identity(dev)
+    optimize_cfg = {"policy": opts.policy, "budget": opts.budget, **opts.optimize_options}
+    lock = RunLock(out, "bench.lock", "bench", BenchError)
+    log = base_log = cache = pool = None
+    stats = {"from_run": 0, "cache_hits": 0, "measured_now": 0}
+    try:
+        _check_meta(out, source, devname, protocol, optimize_cfg)
+        items = source.items[: opts.limit] if opts.limit else list(source.items)
+        opt_key = "optimize-" + _sha(json.dumps(optimize_cfg, sort_keys=True, default=str))[:16]
+        for it in items:
+            if it.error is not None or it.task is None:
+                it.key = "input-" + _sha(f"{it.origin}\0{it.error}")[:32]
+            elif it.candidate is not None:
+                it.key = f"{it.task.sha256}:{_sha(it.candidate)}"
+            elif it.missing is not None or source.has_candidates:
+                it.missing = it.missing or "no candidate"
+                it.key = f"{it.task.sha256}:none"
+            else:
+                it.key = f"{it.task.sha256}:{opt_key}"
+        log = _Log(out / "verdicts.jsonl")
+        base_log = _Log(out / "baselines.jsonl")
+        cache = bl.Cache(Path(opts.cache_dir) / "bench" if opts.cache_dir else None)
+        env = _env(None).model_dump(mode="json")
+        groups: dict[str, list[Item]] = {}
+        for it in items:
+            groups.setdefault(it.key, []).append(it)
+        resumed = sum(len(g) for k, g in groups.items() if k in log.records)
+
+        # bench-only records (input errors, missing candidates) cost nothing: write them now
+        for key, group in groups.items():
+            it = group[0]
+            if key in log.records or (it.error is None and it.missing is None):
+                continue
+            status = "input_error" if it.error is not None else "no_candidate"
+            log.append(_record(_bench_verdict(it, status, it.error or it.missing, dev, proto.mode, env), group))
+
+        # baselines: from this run's log, the shared cache, or measured
+        tasks = {}
+        for it in items:
+            if it.task is not None and it.error is None:
+                tasks.setdefault(it.task.sha256, it.task)
+        base: dict[tuple[str, str], dict] = {}
+        todo_base: list[tuple[str, str, str]] = []  # (task sha, baseline, cache key)
+        evaluated = 0
+        for sha in tasks:
+            for b in wanted:
+                if b == "eager":
+                    continue
+                ck = bl.cache_key(sha, devname, b, protocol)
+                rec = base_log.records.get(ck)
+                if rec is not None:
+                    stats["from_run"] += 1
+                elif opts.baseline_cache and (rec := cache.get(ck)) is not None:
+                    stats["cache_hits"] += 1
+                    base_log.append({**rec, "key": ck, "cached": True})
+                if rec is not None:
+                    base[(sha, b)] = rec
+                else:
+                    todo_base.append((sha, b, ck))
+        todo_items = [] if opts.baselines_only else [k for k, g in groups.items()
+                                                     if k not in log.records and g[0].candidate is not None]
+        todo_opt = [] if opts.baselines_only else [k for k, g in groups.items() if k not in log.records
+                                                   and g[0].error is None and g[0].missing is None
+                                                   and g[0].candidate is None]
+        emit("start", out=str(out), device=devname, items=len(items), tasks=len(tasks), resumed=resumed,
+             total=len(todo_base) + len(todo_items) + len(todo_opt), baselines=wanted, skipped=skipped,
+             baseline_stats=dict(stats), optimize=len(todo_opt), task_jobs=opts.task_jobs, notes=list(source.notes))
+
+        policy = None
+        if todo_opt:  # one policy for every task (an LLM client or a local model is built once), checked first
+            try:
+                policy = make_policy(opts.policy, **opts.optimize_options.get("policy_options", {}))
+            except PolicyError as e:
+                raise BenchError(str(e)) from None
+            if opts.task_jobs > 1 and len(todo_opt) > 1 and not getattr(policy, "thread_safe", False):
+                policy = _OneAtATime(policy)
+
+        jobs = opts.jobs
+        if jobs is None and dev == "cpu":
+            jobs = devices.default_jobs("cpu")
+        pool = Pool(devices=[dev], per_device=jobs, cache_dir=opts.cache_dir, protocol=proto)
+        futures = {}
+        by_task: dict[str, list] = {}  # submitted task by task (its baselines, then its candidates): a partial
+        for sha, b, ck in todo_base:  # bench has complete rows, and the pool keeps the order within a slot
+            by_task.setdefault(sha, []).append(("baseline", sha, b, ck))
+        for key in todo_items:
+            by_task.setdefault(groups[key][0].task.sha256, []).append(("item", key))
+        for what in (w for ws in by_task.values() for w in ws):
+            if what[0] == "item":
+                it = groups[what[1]][0]
+                futures[pool.submit(it.task, it.candidate)] = what
+                continue
+            _, sha, b, ck = what
+            try:
+                src = bl.source(tasks[sha].source, b)
+            except Exception as e:  # noqa: BLE001 - a task the wrapper cannot render: a failed baseline
+                rec = _bench_verdict(Item(name=tasks[sha].name, task=tasks[sha]), "compile_error",
+                                     f"could not render the {b} baseline: {type(e).__name__}: {e}", dev, proto.mode, env)
+                rec.update(status="compile_error", reasons=["build_failed"])
+                base[(sha, b)] = _base_record(rec, sha, b, ck)
+                base_log.append(base[(sha, b)])
+                stats["measured_now"] += 1
+                emit("result", what="baseline", name=f"{tasks[sha].name} [{b}]", status="compile_error",
+                     speedup=None, message=rec["message"])
+                continue
+            timeout = max(proto.timeout_s, bl.MIN_TIMEOUT_S.get(b, 0.0))
+            futures[pool.submit(tasks[sha], src, timeout_s=timeout)] = what
+        for f in as_completed(futures):
+            what = futures[f]
+            v = f.result().to_json()
+            if what[0] == "baseline":
+                _, sha, b, ck = what
+                rec = _base_record(v, sha, b, ck)
+                base_log.append(rec)
+                cache.put(ck, rec)
+                base[(sha, b)] = rec
+                stats["measured_now"] += 1
+                emit("result", what="baseline", name=f"{tasks[sha].name} [{b}]", status=v["status"],
+                     speedup=v["speedup"], message=first_line(v["message"]))
+            else:
+                group = groups[what[1]]
+                log.append(_record(v, group))
+                evaluated += len(group)
+                emit("result", what="item", name=group[0].name, status=v["status"], speedup=v["speedup"],
+                     message=first_line(v["message"]))
+
+        stop = threading.Event()  # set on Ctrl-C or a failed task: concurrent optimize runs stop
+        evaluated += _optimize_tasks(todo_opt, groups, log, opts.task_jobs, stop, emit, lambda it: _optimize_item(
+            it, out, opts, dev, proto, pool, env, emit, policy, stop))
+        pool.close()
+        pool = None
+        summary = summarise(source, items, log.records, base, wanted, skipped, stats, out, devname, opts,
+                             protocol, resumed, evaluated, time.monotonic() - t0)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if opts.report:
+
+            write_report(summary, out / "report.html")
+            summary["report"] = str(out / "report.html")
+            (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        emit("done", summary=summary)
+        return summary
+    except KeyboardInterrupt:
+        if pool is not None:
+            pool.close(cancel=True, wait=False)
+            pool = None
+
+        kill_live_workers()
+        raise Interrupted(len(log.records) if log else 0, out, stats.get("measured_now", 0)) from None
+    finally:
+        if pool is not None:
+            pool.close(cancel=True, wait=False)
+        for x in (log, base_log, cache):
+            if x is not None:
+                x.close()
+        lock.release()
+
+
+def _check_meta(out: Path, source: Source, devname: str, protocol: dict, optimize_cfg: dict) -> None:
+    path = out / "bench.json"
+    meta = {"device": devname, "protocol": protocol}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            old = {}
+        diff = [k for k in meta if k in old and old[k] != meta[k]]
+        if diff:
+            raise BenchError(f"{out} holds a bench measured with other settings ({', '.join(diff)}: "
+                             f"{', '.join(str(old[k]) for k in diff)}); use another --out")
+    else:
+        path.write_text(json.dumps({**meta, "source": source.spec, "optimize": optimize_cfg,
+                                    "created_at": time.time()}, indent=2) + "\n")
+
+
+def _bench_verdict(it: Item, status: str, message: str, dev: str, mode: str, env: dict) -> dict:
+    """A verdict-shaped record for what the bench settles without an evaluation."""
+    return {"task": it.name, "candidate_sha256": _sha(it.candidate) if it.candidate is not None else None,
+            "device": dev, "status": status, "reasons": [status], "message": message, "correctness": None,
+            "timing": None, "speedup": None, "build_s": 0.0, "wall_s": 0.0, "env": env, "mode": mode, "guards": []}
+
+
+def _record(verdict: dict, group: list[Item]) -> dict:
+    it = group[0]
+    return {**verdict, "key": it.key, "item": it.name, "items": [g.name for g in group],
+            "task_sha256": it.task.sha256 if it.task is not None else None, "level": it.level,
+            "task_id": it.task_id, "origin": it.origin, "candidate_path": it.candidate_path or verdict.get(
+                "candidate_path"), "extra": it.extra}
+
+
+def _base_record(verdict: dict, sha: str, name: str, ck: str) -> dict:
+    return {**verdict, "key": ck, "baseline": name, "task_sha256": sha}
+
+
+class _OneAtATime:
+    """A policy not marked thread-safe, shared by concurrent optimize runs: one `propose` at a time."""
+
+    def __init__(self, policy):
+        self.policy, self.name, self._lock = policy, getattr(policy, "name", ""), threading.Lock()
+
+    def propose(self, ctx):
+        with self._lock:
+            return self.policy.propose(ctx)
+
+
+def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: threading.Event, emit,
+                    optimize_one: Callable[[Item], dict]) -> int:
+    """Optimize the tasks `keys`, `jobs` at a time (module docstring); returns the items judged. Every record
+    is logged and reported here, in the calling thread, in completion order."""
+    def finished(key: str, rec: dict) -> int:
+        group = groups[key]
+        log.append(_record(rec, group))
+        emit("result", what="item", name=group[0].name, status=rec["status"], speedup=rec["speedup"],
+             message=first_line(rec["message"]))
+        return len(group)
+
+    if min(jobs, len(keys)) <= 1:  # in order, in this thread
+        return sum(finished(key, optimize_one(groups[key][0])) for key in keys)
+    n, futures, logged = 0, {}, set()
+    ex = ThreadPoolExecutor(max_workers=min(jobs, len(keys)), thread_name_prefix="kc-bench-optimize")
+    try:
+        futures = {ex.submit(optimize_one, groups[key][0]): key for key in keys}
+        for f in as_completed(futures):
+            n += finished(futures[f], f.result())
+            logged.add(f)
+    except BaseException as e:
+        ex.shutdown(wait=False, cancel_futures=True)  # nothing more starts, then the running ones stop
+        stop.set()
+        if isinstance(e, KeyboardInterrupt):  # no waiting: the caller kills their workers
+            raise
+        ex.shutdown(wait=True)  # a failed task: the others stop at their next step; keep what finished meanwhile
+        for f, key in futures.items():
+            if f not in logged and f.done() and not f.cancelled() and f.exception() is None:
+                finished(key, f.result())
+        raise
+    ex.shutdown()
+    return n
+
+
+def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, proto: Protocol, pool, env: dict,
+                   emit, policy, stop: threading.Event | None = None) -> dict:
+    run_dir = out / "runs" / _slug(it.name)
+    o = Options(policy=opts.policy, budget=opts.budget, device=dev, protocol=proto, **opts.optimize_options)
+    emit("optimize_start", name=it.name, run_dir=str(run_dir))
+    try:
+        res = optimize(it.task, run_dir, o, policy=policy, cancel=stop,
+                       on_event=lambda kind, **d: emit("optimize", name=it.name, event=kind, data=d))
+    except (RunInUse, PolicyError, ValueError) as e:  # a bad option or a clashing run directory
+        raise BenchError(f"optimize {it.name}: {e}") from None
+    summary = res.to_json()
+    if res.best_path:  # the search's own numbers are its maximum: judge best.py afresh, like any candidate
+        source = Path(res.best_path).read_text()
+        if stop is not None and stop.is_set():
+            raise Cancelled(f"optimize {it.name}: cancelled before judging best.py")
+        rec = pool.submit(it.task, source).result().to_json()
+        if stop is not None and stop.is_set():  # its worker may have been killed: not a verdict
+            raise Cancelled(f"optimize {it.name}: cancelled while judging best.py")
+        rec.update(candidate_path=res.best_path)
+    else:
+        why = {"no_improvement": f"optimize found {res.correct} correct candidate(s) but none verified faster than "
+                                 "the reference",
+               "no_correct": "optimize found no correct candidate"}.get(res.status, res.status)
+        rec = _bench_verdict(it, "no_candidate", f"{why} ({res.candidates} candidates, policy {res.policy}): no "
+                             "best.py, counted as a failure", dev, proto.mode, env)
+    rec["optimize"] = {k: summary[k] for k in ("status", "best_speedup", "best_ci95", "confirmed", "candidates",
+                                               "correct", "verified_faster", "stopped", "run_dir", "best_techniques",
+                                               "wall_s")}
+    return rec

@@ -1,0 +1,201 @@
+"""`kernelcraft bench`: a whole suite judged at once, with a progress bar, a results table and resume."""
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from kernelcraft import devices
+from kernelcraft.bench.options import BenchOptions
+from kernelcraft.bench.run import BenchError, Interrupted, default_out, resolve, run
+from kernelcraft.cli.common import DEVICE, app, console, out, print_json, usage_error, with_protocol
+from kernelcraft.protocol import Protocol
+
+
+class _BenchProgress:
+    """Renders bench events: a progress bar with ETA on stderr, one line per result. Thread-safe: with
+    `--task-jobs` above 1 the optimize runs' events come from their own threads (one lock around it all)."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                                 transient=True)
+        self.bar = None
+        self.ok = self.bad = 0
+        self.tag = False  # several tasks optimized at once: optimize lines name their task
+        self._lock = threading.Lock()
+
+    def __call__(self, kind: str, **d) -> None:
+        with self._lock:
+            self._render(kind, d)
+
+    def _render(self, kind: str, d: dict) -> None:
+        if kind == "start":
+            for n in d["notes"]:
+                console.print(f"[yellow]note[/yellow]: {escape(n)}")
+            for b, why in d["skipped"].items():
+                console.print(f"[yellow]baseline {b} skipped[/yellow]: {escape(why)}")
+            bs = d["baseline_stats"]
+            self.tag = d["optimize"] > 1 and d.get("task_jobs", 1) > 1
+            runs = f"{d['optimize']} optimize run(s)" + (f", {d['task_jobs']} at a time" if self.tag else "")
+            console.print(f"bench: {d['items']} item(s), {d['tasks']} task(s) on {escape(d['device'])} · baselines "
+                          f"{', '.join(d['baselines']) or 'none'} ({bs['from_run'] + bs['cache_hits']} known) · "
+                          + (f"resuming: {d['resumed']} done · " if d["resumed"] else "")
+                          + f"{d['total']} evaluation(s) to run" + (f" ({runs})" if d["optimize"] else "")
+                          + f" · out {escape(d['out'])}", highlight=False)
+            self.progress.start()
+            self.bar = self.progress.add_task("bench", total=max(d["total"], 1) if d["total"] else 0)
+        elif kind == "result":
+            if d["status"] == "correct":
+                self.ok += d["what"] == "item"
+                line = f"[green]correct[/green] {d['speedup']:.3f}x" if d["speedup"] else "[green]correct[/green]"
+            else:
+                self.bad += d["what"] == "item"
+                line = f"[red]{escape(d['status'])}[/red] [dim]{escape(d['message'][:120])}[/dim]"
+            if not self.quiet:
+                console.print(f"  {escape(d['name'])}: {line}", highlight=False)
+            self.progress.update(self.bar, advance=1,
+                                 description=f"[green]{self.ok} correct[/green] · [red]{self.bad} failed[/red]")
+        elif kind == "optimize_start":
+            console.print(f"  optimizing {escape(d['name'])} → {escape(d['run_dir'])}", highlight=False)
+        elif kind == "optimize" and not self.quiet:
+            e, x = d["event"], d["data"]
+            who = f"{escape(d['name'])}: " if self.tag else ""
+            if e == "verdict":
+                sp = f" {x['speedup']:.2f}x" if x.get("speedup") else ""
+                console.print(f"[dim]    {who}candidate #{x.get('id') or '-'} {escape(x['status'])}{sp}[/dim]",
+                              highlight=False)
+            elif e == "done":
+                console.print(f"[dim]    {who}optimize: {escape(x['status'])} after {x['candidates']} candidate(s)"
+                              + ("; judging best.py afresh" if x.get("best_path") else "") + "[/dim]",
+                              highlight=False)
+        elif kind == "done":
+            self.progress.stop()
+
+    def stop(self) -> None:
+        with self._lock:
+            self.progress.stop()
+
+
+def _bench_table(s: dict) -> None:
+    if s.get("baselines_only"):
+        t = Table(title=f"baselines — {s['source']} ({s['tasks']} tasks, {s['device']})")
+        for c in ("baseline", "correct", "geomean vs eager", "median vs eager", "fast_1", "fast_2"):
+            t.add_column(c, justify="left" if c == "baseline" else "right")
+        for name, m in s["baselines"]["summary"].items():
+            if name == "eager":
+                continue
+            fp = m["fast_p"] or {}
+            t.add_row(name, f"{m['correct']}/{m['tasks']}", _fx(m["geomean_speedup_correct"]),
+                      _fx(m["median_speedup_correct"]), _fpct(fp.get("1")), _fpct(fp.get("2")))
+        out.print(t)
+        return
+    keys = list(s["fast_p"])
+    t = Table(title=f"bench — {s['source']} ({s['device']})")
+    for c in ["scope", "tasks", "ok"] + [f"f{k}" for k in keys] + ["geomean", "median", "geo ok"]:
+        t.add_column(c, justify="left" if c == "scope" else "right")
+    rows = [("all", s, "")] + ([("all/compile", s, "_vs_compile")] if s.get("fast_p_vs_compile") else [])
+    for lv, m in s["by_level"].items():
+        rows.append((f"L{lv}", m, ""))
+        if m.get("fast_p_vs_compile"):
+            rows.append((f"L{lv}/compile", m, "_vs_compile"))
+    for label, m, sfx in rows:
+        fp = m[f"fast_p{sfx}"]
+        t.add_row(label, str(m["tasks"]), str(m["correct"]), *[_fpct(fp[k]) for k in keys],
+                  _fx(m[f"geomean_speedup{sfx}"]), _fx(m[f"median_speedup{sfx}"]), _fx(m[f"geomean_speedup{sfx}_correct"]))
+    out.print(t)
+    out.print("[dim]fP: correct and speedup > P, over all tasks · geomean/median: all tasks, failures as 1.0 · "
+              "geo ok: correct tasks only · /compile: against each task's best correct torch.compile baseline[/dim]")
+    st = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items(), key=lambda kv: -kv[1]))
+    out.print(f"statuses: {st}" + (f" · [red]{s['input_errors']} input error(s) not scored[/red]"
+                                    if s["input_errors"] else ""), highlight=False)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _fx(v) -> str:
+    return "—" if v is None else f"{v:.2f}x"
+
+
+def _fpct(v) -> str:
+    return "—" if v is None else f"{100 * v:.0f}%"
+
+
+@app.command("bench")
+@with_protocol
+def bench_cmd(
+    source: str = typer.Argument(..., help="built-in suite (gpu, tiny, gpu/level1, level2, ...), a directory of "
+                                 "KernelBench task files, or a pairs JSONL (ref_code, custom_code per line)"),
+    device: Optional[str] = DEVICE,
+    baselines: str = typer.Option("eager,inductor,cudagraph",
+                                  help="comma-separated: eager, inductor, inductor-max-autotune, cudagraph (GPU), all, "
+                                  "none"),
+    candidates: Optional[Path] = typer.Option(None, help="directory of candidates: <task stem>.py, or KernelBench's "
+                                              "run layout level_<L>_problem_<ID>_sample_<S>_kernel.py (default for "
+                                              "suites and directories: optimize each task)"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="output directory (default runs/bench-<source>); "
+                                           "re-running with the same --out resumes"),
+    policy: str = typer.Option("recipes", help="optimize policy when no candidates are given"),
+    budget: int = typer.Option(8, min=1, help="optimize budget (candidates per task) when no candidates are given"),
+    time_limit: Optional[float] = typer.Option(None, min=1, help="optimize: stop proposing for a task after this many "
+                                               "seconds (its best is still confirmed and judged)"),
+    jobs: Optional[int] = typer.Option(None, min=1, help="evaluations at once per device (default: 1 on small CPUs "
+                                       "and per GPU)"),
+    task_jobs: Optional[int] = typer.Option(None, "--task-jobs", min=1,
+                                            help="tasks optimized at once when no candidates are given (default 1; "
+                                            "more pays when proposals wait on an LLM endpoint, not with recipes)"),
+    limit: Optional[int] = typer.Option(None, min=1, help="only the first N items"),
+    baselines_only: bool = typer.Option(False, "--baselines-only", help="measure the baselines only (no candidates, "
+                                        "no optimize)"),
+    baseline_cache: bool = typer.Option(True, "--baseline-cache/--no-baseline-cache",
+                                        help="reuse baseline measurements cached for this task/device/torch/protocol"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no line per result (progress bar and summary only)"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON (last line)"),
+    protocol: Protocol = None,
+):
+    """Bench a suite: verdicts for every task, fast_p and speedups against eager and torch.compile baselines."""
+    try:
+        dev, _ = devices.resolve(device)
+        src = resolve(source, device=dev, candidates=candidates)
+    except (BenchError, ValueError) as e:
+        usage_error(str(e))
+    opts = BenchOptions(device=dev, baselines=baselines, protocol=protocol, jobs=jobs,
+                        limit=limit, baselines_only=baselines_only, baseline_cache=baseline_cache, policy=policy,
+                        budget=budget, task_jobs=task_jobs,
+                        optimize_options={"time_limit_s": time_limit} if time_limit else {})
+    out_dir = out_dir or default_out(src)
+    progress = _BenchProgress(quiet)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `timeout 500 kernelcraft bench` stops like Ctrl-C
+    try:
+        summary = run(src, out_dir, opts, on_event=progress)
+    except BenchError as e:
+        progress.stop()
+        usage_error(str(e))
+    except (Interrupted, KeyboardInterrupt) as e:
+        progress.stop()
+        kept = (f"{e.done} finished verdict(s) kept in {out_dir}/verdicts.jsonl"
+                + (f", {e.baselines} new baseline verdict(s) in baselines.jsonl" if e.baselines else "")
+                if isinstance(e, Interrupted) else f"finished verdicts kept in {out_dir}")
+        console.print(f"[yellow]interrupted[/yellow]: {kept}; re-run the same command to resume")
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if as_json:
+        print_json({k: v for k, v in summary.items() if k != "items"})
+        return
+    _bench_table(summary)
+    for n in summary["notes"]:
+        out.print(f"note: {n}", highlight=False, markup=False)
+    out.print(f"verdicts: {summary['verdicts']}" + (f" · report: {summary['report']}" if summary.get("report") else ""),
+              highlight=False)
+
+

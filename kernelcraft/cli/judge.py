@@ -1,0 +1,127 @@
+"""`kernelcraft eval` (one verdict) and `kernelcraft tasks` (the built-in suite, degenerate-task checks)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from kernelcraft.cli.common import DEVICE, app, out, print_json, usage_error, with_protocol
+from kernelcraft.evaluate import check_task, evaluate
+from kernelcraft.protocol import Protocol
+from kernelcraft.task import TIERS, TaskError, builtin_names, load_task
+
+
+def _verdict_panel(v) -> None:
+    color = {"correct": "green", "incorrect": "red", "rejected": "magenta"}.get(v.status, "yellow")
+    out.print(f"[bold]{v.task}[/bold]  candidate {v.candidate_sha256[:12]}  on {v.device}")
+    out.print(f"status: [bold {color}]{v.status}[/bold {color}]"
+              + (f"  reasons: {', '.join(v.reasons)}" if v.reasons else ""))
+    if v.correctness:
+        c = v.correctness
+        out.print(f"correctness: {c.passed}/{c.trials} trials, max abs err {c.max_abs_err:.3g}, "
+                  f"max rel err {c.max_rel_err:.3g} (atol {c.atol}, rtol {c.rtol})")
+    if v.timing:
+        t = v.timing
+        out.print(f"timing: reference {t.ref_ms:.4f} ms, candidate {t.cand_ms:.4f} ms, "
+                  f"speedup [bold]{t.speedup:.3f}x[/bold] (95% CI {t.ci95[0]:.3f}–{t.ci95[1]:.3f}, "
+                  f"{t.samples} paired samples{'' if t.converged else ', CI target not reached'})")
+    if v.message:
+        out.print(v.message, markup=False, highlight=False)
+    out.print(f"build {v.build_s:.1f} s, wall {v.wall_s:.1f} s")
+
+
+@app.command("eval")
+@with_protocol
+def eval_cmd(
+    task: str = typer.Argument(..., help="task file, built-in name (see `kernelcraft tasks`)"),
+    candidate: Path = typer.Argument(..., help="candidate file defining ModelNew"),
+    device: Optional[str] = DEVICE,
+    no_timing: bool = typer.Option(False, "--no-timing", help="check correctness only"),
+    as_json: bool = typer.Option(False, "--json", help="print the verdict record as JSON (last line)"),
+    protocol: Protocol = None,
+):
+    """Judge one candidate against a task: correctness, then a trustworthy speedup."""
+    if not candidate.is_file():
+        usage_error(f"candidate file not found: {candidate}")
+    try:
+        v = evaluate(task, candidate, protocol=protocol.with_(timing=False) if no_timing else protocol, device=device)
+    except (TaskError, ValueError, FileNotFoundError) as e:
+        usage_error(str(e))
+    if as_json:
+        print_json(v.to_json())
+    else:
+        _verdict_panel(v)
+
+
+@app.command("tasks")
+def tasks_cmd(
+    tier: Optional[str] = typer.Option(None, help="gpu or tiny (default: both)"),
+    level: Optional[int] = typer.Option(None, min=1, max=3),
+    show_source: Optional[str] = typer.Option(None, "--show", help="print one task's source"),
+    check: bool = typer.Option(False, "--check", help="run each reference and flag degenerate tasks "
+                               "(constant, near-zero or input/weight-independent output)"),
+    paths: list[str] = typer.Argument(None, help="with --check: task files or names (default: the listed built-ins)"),
+    device: Optional[str] = typer.Option(None, help="with --check: cpu, cuda or cuda:N"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """List the built-in suites and tasks; with --check, flag degenerate ones."""
+    if check:
+        _check_tasks(paths or [n for t in ([tier] if tier else ["tiny"]) for n in builtin_names(t, level)],
+                     device, as_json)
+        return
+    if show_source:
+        try:
+            out.print(load_task(show_source).source, markup=False, highlight=False)
+        except TaskError as e:
+            usage_error(str(e))
+        return
+    tiers = [tier] if tier else list(TIERS)
+    if tier and tier not in TIERS:
+        usage_error(f"--tier must be one of {', '.join(TIERS)}")
+    rows = []
+    for t in tiers:
+        for name in builtin_names(t, level):
+            task = load_task(name)
+            doc = _first_docstring(task.source)
+            rows.append({"name": name, "tier": t, "level": task.level, "summary": doc})
+    if as_json:
+        print_json({"tasks": rows})
+        return
+    table = Table(title="built-in tasks (suite/level/name)")
+    for col in ("name", "level", "summary"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], str(r["level"]), r["summary"])
+    out.print(table)
+    out.print(f"{len(rows)} tasks. Sizes: 'gpu' tier for GPUs, 'tiny' tier runs in seconds on a CPU.")
+
+
+def _check_tasks(names: list[str], device: Optional[str], as_json: bool) -> None:
+    results = []
+    for name in names:
+        try:
+            results.append(check_task(name, device=device))
+        except (TaskError, ValueError) as e:
+            usage_error(str(e))
+        r = results[-1]
+        if not as_json:
+            mark = "[green]ok[/green]" if r["ok"] else "[red]DEGENERATE[/red]"
+            out.print(f"{mark}  {r['task']}" + (f"  — {'; '.join(r['problems'])}" if r["problems"] else ""))
+    if as_json:
+        print_json({"checked": len(results), "degenerate": [r for r in results if not r["ok"]],
+                     "results": results})
+    else:
+        bad = sum(not r["ok"] for r in results)
+        out.print(f"{len(results)} checked, {bad} degenerate")
+
+
+def _first_docstring(source: str) -> str:
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            return (ast.get_docstring(node) or "").strip().splitlines()[0] if ast.get_docstring(node) else ""
+    return ""
+
+

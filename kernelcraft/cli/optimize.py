@@ -1,0 +1,161 @@
+"""`kernelcraft optimize` (the search, with live progress) and `kernelcraft report` (its HTML page)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kernelcraft.cli.common import DEVICE, app, console, out, print_json, usage_error, with_protocol
+from kernelcraft.protocol import Protocol
+from kernelcraft.search.optimize import Options, RunInUse, optimize
+from kernelcraft.search.policies import PolicyError
+from kernelcraft.search.report import summary_json, write_report
+from kernelcraft.task import TaskError, load_task
+
+
+class _OptimizeProgress:
+    """Renders `kernelcraft.search.optimize` events on stderr: one line per verdict, a live status line."""
+
+    def __init__(self, budget):
+        self.budget, self.best, self.ok, self.bad, self.threshold = budget, None, 0, 0, 1.0
+        self.progress = Progress(TextColumn("[bold]optimize[/bold]"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                                 transient=True)
+        self.bar = self.progress.add_task("", total=budget)
+
+    def _status(self) -> str:
+        best = f"best {self.best:.2f}x" if self.best else "best —"
+        return f"{best} · [green]{self.ok} correct[/green] · [red]{self.bad} failed[/red]"
+
+    def __call__(self, kind: str, **d) -> None:
+        if kind == "start":
+            self.progress.start()
+            console.print(f"{'resuming' if d['resumed'] else 'starting'}: {d['device']} · {d['jobs']} job(s)"
+                          + (f" · re-queued {len(d['requeued'])} in-flight" if d["requeued"] else ""))
+            self.progress.update(self.bar, completed=d["candidates"])
+        elif kind == "round":
+            self.progress.update(self.bar, advance=d["new"])
+            console.print(f"[dim]round {d['round']}: {d['new']} new candidate(s)"
+                          + (f", {d['duplicates']} duplicate(s) skipped" if d["duplicates"] else "") + "[/dim]")
+        elif kind == "verdict":
+            tech = escape(", ".join(d["techniques"]) or "-")
+            if d["status"] == "correct":
+                self.ok += 1
+                lo, hi = d["ci95"]
+                faster = lo is not None and lo > self.threshold
+                if faster and (self.best is None or d["speedup"] > self.best):
+                    self.best = d["speedup"]
+                console.print(f"  #{d['id']} [green]correct[/green] {d['speedup']:.2f}x "
+                              f"[dim][{lo:.2f}–{hi:.2f}][/dim] {'' if faster else '[dim](not verified faster)[/dim] '}"
+                              f"{tech}", highlight=False)
+            else:
+                self.bad += 1
+                console.print(f"  #{d['id'] or '-'} [red]{d['status']}[/red] {tech}  [dim]{escape(d['message'])}[/dim]",
+                              highlight=False)
+        elif kind == "control":
+            sp = f"{d['speedup']:.3f}x" if d.get("speedup") else d.get("status")
+            biased = d.get("status") == "correct" and (d.get("ci95") or [0])[0] > 1.0
+            if biased:
+                self.threshold = max(self.threshold, d["speedup"])
+            console.print(f"null control (the reference timed against itself): {sp}"
+                          + (" — a timing bias: candidates must beat this" if biased else ""))
+        elif kind == "confirm":
+            sp = f"{d['speedup']:.2f}x" if d["speedup"] else d["status"]
+            console.print(f"  confirmed #{d['id']} in a fresh worker: {sp}")
+        elif kind == "done":
+            self.progress.stop()
+        self.progress.update(self.bar, description=self._status())
+
+
+@app.command("optimize")
+@with_protocol
+def optimize_cmd(
+    task: str = typer.Argument(..., help="task file or built-in name (see `kernelcraft tasks`)"),
+    policy: str = typer.Option("recipes", help="recipes (offline) | openai:MODEL | hf:PATH"),
+    budget: int = typer.Option(16, min=1, help="candidates in the run (counted across resumes)"),
+    time_limit: Optional[float] = typer.Option(None, help="stop proposing after this many seconds"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/<task>); "
+                                           "re-running with the same --out resumes"),
+    device: Optional[str] = DEVICE,
+    k: int = typer.Option(4, "-k", "--proposals", min=1, help="proposals per round"),
+    jobs: Optional[int] = typer.Option(None, min=1, help="evaluations in parallel (default: 1 on small CPUs)"),
+    patience: int = typer.Option(3, min=0, help="stop after this many rounds without improvement (0: never)"),
+    exemplars: int = typer.Option(2, min=1, help="exemplars shown per proposal"),
+    tau: float = typer.Option(1.0, help="temperature of the contrastive bucket draw"),
+    selector: str = typer.Option("contrastive", help="contrastive | random"),
+    seed: int = typer.Option(0, help="seed of the search's random choices"),
+    confirm: int = typer.Option(2, min=0, help="leaders re-timed in a fresh worker before one is called best"),
+    min_speedup: float = typer.Option(1.0, help="a win needs its 95% CI above this (and above the null control)"),
+    null_control: bool = typer.Option(True, "--null-control/--no-null-control",
+                                      help="time the reference against itself first; its speedup raises the bar"),
+    allow_precision_change: bool = typer.Option(False, "--allow-precision-change",
+                                                help="let recipes use bf16 autocast (pass --atol/--rtol to match)"),
+    skip: Optional[str] = typer.Option(None, help="recipes never to use, comma-separated tokens or prefixes "
+                                       "(e.g. compile, cudagraph, rewrite:inplace)"),
+    backend: str = typer.Option("any", help="what LLM policies are asked to write: any | cuda | triton | pytorch"),
+    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint (default $OPENAI_BASE_URL)"),
+    api_key: Optional[str] = typer.Option(None, help="API key (default $OPENAI_API_KEY)"),
+    temperature: float = typer.Option(0.7, help="LLM sampling temperature"),
+    max_tokens: int = typer.Option(8192, help="LLM max tokens per reply"),
+    as_json: bool = typer.Option(False, "--json", help="print the run summary as JSON (last line)"),
+    protocol: Protocol = None,
+):
+    """Search for a faster ModelNew: propose, verify, repeat; writes OUT/best.py for a verified win."""
+    if selector not in ("contrastive", "random"):
+        usage_error(f"--selector must be contrastive or random, not {selector!r}")
+    try:
+        t = load_task(task)
+    except TaskError as e:
+        usage_error(str(e))
+    out_dir = out_dir or Path("runs") / t.stem
+    opts = Options(policy=policy, budget=budget, time_limit_s=time_limit, k=k, jobs=jobs, patience=patience or None,
+                   exemplars=exemplars, tau=tau, selector=selector, seed=seed, device=device, protocol=protocol,
+                   confirm=confirm, min_speedup=min_speedup,
+                   null_control=null_control,
+                   allow_precision_change=allow_precision_change, backend=backend,
+                   policy_options=dict(base_url=base_url, api_key=api_key, temperature=temperature,
+                                       max_tokens=max_tokens, concurrency=k, skip=skip or ()))
+    try:
+        res = optimize(t, out_dir, opts, on_event=_OptimizeProgress(budget))
+    except (TaskError, ValueError, PolicyError, RunInUse) as e:
+        usage_error(str(e))
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/yellow]: re-run the same command to resume from {out_dir}")
+        raise typer.Exit(130)
+    if as_json:
+        print_json(res.to_json())
+        return
+    color = {"improved": "green", "no_improvement": "yellow"}.get(res.status, "red")
+    out.print(f"[bold]{res.task}[/bold]: [bold {color}]{res.status}[/bold {color}] after {res.candidates} candidates "
+              f"({res.correct} correct, {res.failed} failed, {res.parse_errors} parse errors; stopped: {res.stopped})")
+    if res.best_path:
+        lo, hi = res.best_ci95
+        out.print(f"best: [bold]{res.best_speedup:.2f}x[/bold] (95% CI {lo:.2f}–{hi:.2f}"
+                  f"{', confirmed in a fresh worker' if res.confirmed else ''}) — {', '.join(res.best_techniques)}")
+        out.print(f"wrote {res.best_path}")
+    else:
+        out.print("no candidate was verified faster than the reference: no best.py written")
+    out.print(f"report: kernelcraft report {res.run_dir}")
+
+
+
+@app.command("report")
+def report_cmd(
+    run_dir: Path = typer.Argument(..., help="a run directory written by `kernelcraft optimize`"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="HTML file (default RUN_DIR/report.html)"),
+    as_json: bool = typer.Option(False, "--json", help="print {report, summary} as JSON (last line)"),
+):
+    """Write a self-contained HTML report of an optimisation run."""
+    try:
+        path = write_report(run_dir, output)
+    except FileNotFoundError as e:
+        usage_error(str(e))
+    if as_json:
+        print_json({"report": str(path), "summary": summary_json(run_dir)})
+    else:
+        out.print(f"wrote {path}")
+
+

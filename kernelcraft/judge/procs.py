@@ -1,0 +1,66 @@
+"""Processes of a worker, read from /proc: what it started, and what escaped its process group.
+
+Design decisions
+- Two ways to find a worker's processes, because each alone misses some: the environment tag (every
+  process started through exec inherits `WORKER_TAG_VAR`, also one that left the process group with
+  setsid) and the process tree (`children`, per thread: an orphan may be re-parented to any thread of a
+  child subreaper; a forked child carries no fresh environment).
+- The bottom of the judge: the caller (`runner`), the zygote and the worker's own guards (`guards`) all
+  use it, and it imports nothing of kernelcraft, so none of them reach each other through it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+WORKER_TAG_VAR = "KERNELCRAFT_WORKER_TAG"
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Pids whose initial environment carries this worker's tag (the worker and all it started)."""
+    needle = f"{WORKER_TAG_VAR}={tag}".encode() + b"\0"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read():
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of `pid`, whichever of its threads they hang from (/proc/PID/task/TID/children)."""
+    out = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")  # an orphan may be re-parented to any thread
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` in the process tree."""
+    out, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_tagged(tag: str) -> None:
+    for pid in tagged_processes(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,261 @@
+"""Runner: the caller's side of a worker process — spawn, feed, watch, kill, and map deaths to verdicts.
+
+Design decisions
+- A worker is forked by the `zygote` (torch already imported: ~5 s of CPU less per evaluation) or, where
+  that is off or impossible (bwrap sandbox, `KERNELCRAFT_ZYGOTE=0`), spawned as `python -m
+  kernelcraft.judge.worker` with `start_new_session=True`. Either way it leads its own process group, so a
+  timeout or cleanup kills everything the candidate started (`killpg`).
+- Two clocks: `build_timeout_s` covers start-up, the reference import and the candidate import (where
+  inline extensions compile); `timeout_s` starts when the candidate is built and covers construction,
+  correctness and timing. The worker announces phases, so a death is attributed to the right one. Time
+  spent waiting for the device lock (`wait_device`) counts against neither clock.
+- Results come on a private pipe as JSON lines carrying a nonce the caller made; anything else on it is
+  ignored, and more than `MAX_CHANNEL_BYTES` kills the worker. stdout/stderr go to a log file whose tail
+  (faulthandler's trace, a CUDA message) explains crashes.
+- Caches are shared through the environment: torch extensions, Triton and Inductor caches live under
+  the kernelcraft cache directory, so a second evaluation of the same candidate skips its builds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernelcraft.judge import sandbox, zygote
+from kernelcraft.judge.procs import WORKER_TAG_VAR, kill_tagged
+
+MAX_CHANNEL_BYTES = 16 << 20
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding kernelcraft/
+BUILD_PHASES = ("spawn", "start", "warmup", "reference", "import")  # start-up and build: the build clock
+WAIT_PHASES = ("wait_device",)  # waiting for another evaluation to free the device: on neither clock
+WAIT_LIMIT_S = 3600.0  # a holder is bounded by its own clock; this only bounds a wedged lock
+
+
+@dataclass
+class WorkerOutcome:
+    result: dict | None = None
+    phase: str = "spawn"
+    timed_out: bool = False
+    returncode: int | None = None
+    log_tail: str = ""
+    build_s: float = 0.0
+    forged: bool = False
+    start: str = "spawn"  # or "fork": forked by the zygote
+    phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, s since spawn); ("end", s) last
+
+    def durations(self) -> dict[str, float]:
+        """Seconds spent in each phase; `spawn` is interpreter start-up and imports before the first."""
+        marks = [("spawn", 0.0)] + list(self.phases)
+        spans: dict[str, float] = {}
+        for (name, t), (_, t_next) in zip(marks, marks[1:]):
+            spans[name] = round(spans.get(name, 0.0) + max(0.0, t_next - t), 4)
+        return spans
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    root = Path(cache_dir or os.environ.get("KERNELCRAFT_CACHE") or Path.home() / ".cache" / "kernelcraft")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def worker_env(root: Path, visible_gpu: str | None) -> dict:
+    env = dict(os.environ)
+    pkg_parent = str(PACKAGE_PARENT)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(root / "torch_extensions"))
+    env.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if visible_gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_gpu
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU evaluation never touches a GPU
+    return env
+
+
+def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
+               timeout_s: float, build_timeout_s: float) -> WorkerOutcome:
+    out = WorkerOutcome()
+    log_path = work_dir / "worker.log"
+    nonce = secrets.token_hex(16)
+    r_fd, w_fd = os.pipe()
+    t_start = time.monotonic()
+    with open(log_path, "wb") as log:
+        tag = secrets.token_hex(12)  # inherited by all the worker starts, also what leaves its process group
+        env = {**worker_env(root, visible_gpu), WORKER_TAG_VAR: tag}
+        proc, bwrapped = _fork(env, work_dir, root, log.fileno(), w_fd), False
+        if proc is not None:
+            out.start = "fork"
+        else:
+            argv, env = sandbox.prepare([sys.executable, "-m", "kernelcraft.judge.worker"], env,
+                                        work_dir=work_dir, cache_dir=root)
+            bwrapped = argv[0] == sandbox.bwrap_path()
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=log,
+                stderr=subprocess.STDOUT, pass_fds=(w_fd,), start_new_session=True, cwd=work_dir,
+                env=env)
+    with _LIVE_LOCK:
+        _LIVE[proc.pid] = (proc, tag)
+    os.close(w_fd)
+    try:
+        proc.stdin.write((json.dumps({**job, "nonce": nonce, "fd": w_fd}) + "\n").encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    phase_start = t_start
+    buf, total = b"", 0
+    sel = selectors.DefaultSelector()
+    sel.register(r_fd, selectors.EVENT_READ)
+    try:
+        while True:
+            limit = (build_timeout_s if out.phase in BUILD_PHASES else
+                     WAIT_LIMIT_S if out.phase in WAIT_PHASES else timeout_s)
+            remaining = (phase_start + limit) - time.monotonic()
+            if remaining <= 0:
+                out.timed_out = True
+                break
+            if not sel.select(timeout=min(remaining, 1.0)):
+                continue
+            chunk = os.read(r_fd, 65536)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > MAX_CHANNEL_BYTES:
+                out.forged = True
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                msg = _parse(line, nonce)
+                if msg is None:
+                    out.forged = True
+                    continue
+                if msg["type"] == "phase":
+                    prev = out.phase
+                    out.phase = msg["phase"]
+                    out.build_s = msg.get("build_s", out.build_s)
+                    out.phases.append((out.phase, time.monotonic() - t_start))
+                    if prev in WAIT_PHASES or (prev in BUILD_PHASES and out.phase not in BUILD_PHASES):
+                        phase_start = time.monotonic()  # each clock starts after a wait, and once built
+                elif msg["type"] == "result":
+                    out.result = msg.get("result")
+                    out.phases.append(("end", time.monotonic() - t_start))
+            if out.result is not None:
+                break
+    finally:
+        sel.close()
+        os.close(r_fd)
+        if not out.timed_out and not out.forged and out.result is None:
+            try:  # the channel closed without a result: let the worker exit by itself, to see its real status
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill_group(proc)
+        kill_tagged(tag)  # descendants that left the process group (setsid, double fork)
+        with _LIVE_LOCK:
+            _LIVE.pop(proc.pid, None)
+        out.returncode = proc.returncode
+        if bwrapped and out.returncode is not None and out.returncode > 128:
+            out.returncode = 128 - out.returncode  # bwrap exits 128 + the signal that killed the worker
+        out.log_tail = _tail(log_path)
+    return out
+
+
+def _fork(env: dict, work_dir: Path, root: Path, log_fd: int, chan_fd: int):
+    """A worker forked by the zygote, or None (zygote off or unusable, bwrap sandbox): then spawn one."""
+    if not zygote.enabled():
+        return None
+    settings = sandbox.fork_settings(env)
+    if settings is None:
+        return None
+    env, limits = settings
+    z = zygote.get(env, root)
+    if z is None:
+        return None
+    try:
+        return z.fork(env, work_dir, limits, log_fd, chan_fd)
+    except (OSError, ValueError, KeyError):  # the zygote died under us: spawn this one, restart it next time
+        return None
+
+
+_LIVE: dict[int, tuple[subprocess.Popen, str]] = {}  # pid -> (worker, tag), while run_worker watches it
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_live_workers() -> int:
+    """Kill every worker this process is running now (an interrupted caller abandoning its evaluations).
+
+    The threads watching them see the channel close and return a `crashed` verdict, which such a
+    caller drops. Returns how many workers were killed.
+    """
+    with _LIVE_LOCK:
+        live = list(_LIVE.values())
+    for proc, tag in live:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        kill_tagged(tag)
+    return len(live)
+
+
+def _parse(line: bytes, nonce: str) -> dict | None:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(msg, dict) or msg.get("nonce") != nonce or msg.get("type") not in ("phase", "result"):
+        return None
+    return msg
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _tail(path: Path, lines: int = 25, max_chars: int = 3000) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    tail = "\n".join(text.strip().splitlines()[-lines:])
+    return tail[-max_chars:]
+
+
+def describe_workers(mode: str | None = None) -> dict:
+    """How workers are isolated and started here (`sandbox.describe` + fork or spawn): for `/v1/stats`, logs
+    and bug reports."""
+    return {**sandbox.describe(mode), "worker_start": "fork" if zygote.will_fork(mode) else "spawn"}
+
+
+def describe_death(out: WorkerOutcome) -> str:
+    rc = out.returncode
+    if rc is not None and rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        what = {"SIGSEGV": "a segmentation fault", "SIGABRT": "an abort", "SIGBUS": "a bus error",
+                "SIGFPE": "a floating-point exception", "SIGKILL": "SIGKILL (out of host memory?)",
+                "SIGILL": "an illegal instruction"}.get(name, name)
+        head = f"the worker died from {what} during {out.phase}"
+    else:
+        head = f"the worker exited with code {rc} during {out.phase} without reporting (os._exit or sys.exit?)"
+    return head + (f"\n--- worker output (tail) ---\n{out.log_tail}" if out.log_tail else "")

@@ -1,0 +1,431 @@
+"""The zygote: a process that has imported torch and the worker once, and forks a fresh worker per evaluation.
+
+Design decisions
+- A spawned worker spends ~5 s of CPU importing torch and the harness (more where torch ships without
+  bytecode) before it does anything; the zygote pays that once per caller process, and each evaluation
+  still gets a process of its own (forked), with nothing of any other candidate in it: the zygote never
+  runs candidate code, never initialises CUDA and holds no job (jobs go straight from the runner to the
+  child through a pipe the zygote only hands over).
+- CUDA: torch refuses CUDA in a child forked after the parent touched it, and importing
+  `torch.utils.cpp_extension` asks `torch.cuda.is_available()`; the zygote imports with
+  `PYTORCH_NVML_BASED_CUDA_CHECK=1` (NVML's answer, which leaves fork usable) and proves the point with
+  a probe child before it reports ready. If anything is off, the caller spawns workers as before.
+- Protocol: a SOCK_SEQPACKET socketpair per zygote. A request is one JSON message (environment, working
+  directory, rlimits) plus four descriptors: a reply socket, the read end of the job pipe, the log file,
+  the result channel. The zygote forks, sends `{"pid": N}` on the reply socket, later `{"exit": code}`
+  (code as `Popen.returncode`: negative for a signal), and closes it. The child makes itself a session
+  leader (the runner kills the group), takes the descriptors as stdin/stdout/stderr, replaces its
+  environment, sets the rlimits, and runs `worker.main`.
+- Nothing outlives its worker: the zygote and every worker are child subreapers, so a descendant that
+  detaches (double fork + setsid, with or without exec) stays under its worker while that lives and is
+  re-parented to the zygote when it dies; the zygote kills any child it did not fork itself. When the
+  caller goes away (its end of the socket closes) the zygote kills every worker and exits.
+- Trust is that of the rlimits sandbox: workers run as the caller's user. A worker cannot change the
+  zygote (a separate process; with the usual Yama ptrace scope a child cannot attach to its parent), and
+  whatever it leaves in its own memory dies with it.
+- Not with bubblewrap: a sandbox made per worker (own namespaces, own writable binds) cannot be entered
+  after the fork, so `KERNELCRAFT_SANDBOX=auto|bwrap` (bwrap present) keeps spawning. `KERNELCRAFT_ZYGOTE=0`
+  turns the zygote off.
+- Both ends of the protocol live here (the zygote process, then `ForkedWorker`/`Zygote`/`get` for the
+  caller), a little past the ~400-line guideline: they change together.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from kernelcraft.judge import sandbox
+from kernelcraft.judge.procs import children
+
+ENV_SWITCH = "KERNELCRAFT_ZYGOTE"
+# read by the child (or lazily, after the fork), never at import: they may differ between forks of one zygote
+# (PYTEST_CURRENT_TEST names the running test: keyed on, it cost every test a new zygote, ~5 s of imports)
+PER_JOB_ENV = ("CUDA_VISIBLE_DEVICES", "KERNELCRAFT_WORKER_TAG", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR",
+               "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "MAX_JOBS", "PYTEST_CURRENT_TEST")
+MAX_ZYGOTES = 3  # distinct environments kept; an idle one goes first
+READY_TIMEOUT_S = 180.0
+MAX_MSG = 1 << 20
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NAME = 15
+
+
+def _subreaper(name: bytes | None = None) -> None:
+    """Become a child subreaper (and take `name` as the process name `ps -o comm` and `top` show)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        if name:
+            libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    except Exception:  # noqa: BLE001 - best effort (non-Linux)
+        pass
+
+
+# -- the zygote process ------------------------------------------------------------------------------
+def serve(ctl_fd: int) -> None:
+    ctl = socket.socket(fileno=ctl_fd)
+    try:
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        import torch
+
+        from kernelcraft.judge import worker  # noqa: F401  (binds clocks, imports torch and the harness)
+        try:
+            import triton  # noqa: F401  (Triton candidates import it; 0.2-0.5 s each otherwise)
+        except Exception:  # noqa: BLE001
+            pass
+        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+        why = _fork_unusable(torch)
+    except BaseException as e:  # noqa: BLE001
+        why = f"import failed: {type(e).__name__}: {e}"
+    ctl.send(json.dumps({"ready": why is None, "why": why, "pid": os.getpid()}).encode())
+    if why is not None:
+        return
+    _subreaper(b"kc-zygote")
+    live: dict[int, socket.socket] = {}
+    last_sweep = 0.0
+    try:
+        while True:
+            readable, _, _ = select.select([ctl], [], [], 0.1)
+            if readable:
+                try:
+                    msg, fds, _, _ = socket.recv_fds(ctl, MAX_MSG, 4)
+                except OSError:
+                    break
+                if not msg:
+                    break  # the caller is gone
+                _fork_one(msg, fds, ctl, live)
+            _reap(live)
+            if time.monotonic() - last_sweep > 0.5:
+                last_sweep = time.monotonic()
+                _kill_orphans(live)
+    finally:
+        for pid in list(live):
+            _killpg(pid)
+        _kill_orphans({})
+
+
+def _fork_unusable(torch) -> str | None:
+    if torch.cuda.is_initialized():
+        return "CUDA was initialised during the imports"
+    pid = _fork()
+    if pid == 0:
+        bad = getattr(torch._C, "_cuda_isInBadFork", lambda: False)()
+        os._exit(1 if bad else 0)
+    _, status = os.waitpid(pid, 0)
+    return None if os.waitstatus_to_exitcode(status) == 0 else "torch marks a forked child unable to use CUDA"
+
+
+def _fork() -> int:
+    # Python 3.12 warns on every fork of a process with threads (here: BLAS thread pools, idle; their
+    # libraries reset them in the child): expected, and it would fill the zygote's log
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
+def _fork_one(msg: bytes, fds: list[int], ctl: socket.socket, live: dict) -> None:
+    if len(fds) != 4:
+        for fd in fds:
+            os.close(fd)
+        return
+    reply = socket.socket(fileno=fds[0])
+    try:
+        req = json.loads(msg)
+    except ValueError:
+        req = None
+    if not isinstance(req, dict):
+        reply.close()
+        for fd in fds[1:]:
+            os.close(fd)
+        return
+    try:
+        pid = _fork()
+    except OSError:  # out of processes or memory: the caller sees the reply socket close and spawns
+        pid = None
+    if pid == 0:
+        _child(req, fds, ctl, reply, live)  # never returns
+    for fd in fds[1:]:
+        os.close(fd)
+    if pid is None:
+        reply.close()
+        return
+    live[pid] = reply
+    try:
+        reply.send(json.dumps({"pid": pid}).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def _child(req: dict, fds: list[int], ctl, reply, live) -> None:
+    code = 70
+    try:
+        ctl.close()
+        reply.close()
+        for s in live.values():
+            s.close()
+        _, stdin_r, log, chan = fds
+        os.setsid()
+        os.dup2(stdin_r, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(stdin_r)
+        os.close(log)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        sys.dont_write_bytecode = bool(req["env"].get("PYTHONDONTWRITEBYTECODE"))
+        import resource
+
+        for name, value in req.get("rlimits", {}).items():
+            r = getattr(resource, name)
+            hard = resource.getrlimit(r)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(r, (value, value))
+        _subreaper(b"kc-worker")
+        from kernelcraft.judge import worker
+
+        sys.modules["__main__"] = worker  # as in a spawned worker (`python -m kernelcraft.judge.worker`)
+        worker.main(chan_fd=chan)  # ends with os._exit
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _reap(live: dict) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        reply = live.pop(pid, None)
+        if reply is not None:
+            try:
+                reply.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            except OSError:
+                pass
+            reply.close()
+
+
+def _kill_orphans(live: dict) -> None:
+    """Children the zygote did not fork were re-parented to it: their worker is gone; so are they."""
+    for pid in children(os.getpid()):
+        if pid not in live:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+# -- the caller's side -------------------------------------------------------------------------------
+class ForkedWorker:
+    """A worker forked by the zygote, with the parts of `subprocess.Popen` the runner uses."""
+
+    def __init__(self, pid: int, reply: socket.socket, stdin_w: int, on_end=None):
+        self.pid, self._reply, self._on_end = pid, reply, on_end
+        self.stdin = os.fdopen(stdin_w, "wb")
+        self.returncode: int | None = None
+        self.lost = False  # the zygote died first: the exit status is unknown
+        self._buf = b""
+
+    def poll(self) -> int | None:
+        self._read(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None and not self.lost:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+            self._read(left)
+        return self.returncode
+
+    def _read(self, timeout: float | None) -> None:
+        if self.returncode is not None or self.lost:
+            return
+        ready, _, _ = select.select([self._reply], [], [], timeout)
+        if not ready:
+            return
+        chunk = self._reply.recv(4096)
+        if not chunk:
+            self.lost = True
+            self._end()
+            return
+        self._buf += chunk
+        for line in self._buf.split(b"\n")[:-1]:
+            msg = json.loads(line)
+            if "exit" in msg:
+                self.returncode = int(msg["exit"])
+                self._end()
+        self._buf = self._buf.rsplit(b"\n", 1)[-1]
+
+    def _end(self) -> None:
+        self._reply.close()
+        if self._on_end is not None:
+            self._on_end, on_end = None, self._on_end
+            on_end()
+
+
+class Zygote:
+    def __init__(self, env: dict, log_path: Path):
+        self.env = env
+        self.lock = threading.Lock()
+        self.active = 0  # workers forked and not yet ended
+        self.broken = False
+        self.used = time.monotonic()
+        self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kernelcraft.judge.zygote", str(theirs.fileno())], env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
+                start_new_session=True, cwd=str(log_path.parent))
+        theirs.close()
+        self.ctl.settimeout(READY_TIMEOUT_S)
+        try:
+            hello = json.loads(self.ctl.recv(MAX_MSG) or b"{}")
+        except (OSError, ValueError) as e:
+            hello = {"ready": False, "why": f"no answer: {e}"}
+        self.ctl.settimeout(None)
+        self.ready, self.why = bool(hello.get("ready")), hello.get("why")
+        if not self.ready:
+            self.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.ready and not self.broken and self.proc.poll() is None
+
+    def fork(self, env: dict, cwd: Path, rlimits: dict, log_fd: int, chan_fd: int) -> ForkedWorker:
+        msg = json.dumps({"env": env, "cwd": str(cwd), "rlimits": rlimits}).encode()
+        stdin_r, stdin_w = os.pipe()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with self.lock:
+                socket.send_fds(self.ctl, [msg], [theirs.fileno(), stdin_r, log_fd, chan_fd])
+        except BaseException:
+            self.broken = True
+            raise
+        finally:
+            theirs.close()
+            os.close(stdin_r)
+        try:
+            mine.settimeout(30)
+            line = b""
+            while b"\n" not in line:
+                chunk = mine.recv(4096)
+                if not chunk:
+                    raise OSError("the zygote closed the reply socket")
+                line += chunk
+            mine.settimeout(None)
+            first, _, rest = line.partition(b"\n")
+            pid = int(json.loads(first)["pid"])
+        except BaseException:
+            mine.close()
+            os.close(stdin_w)
+            self.broken = True  # replaced on the next get(); workers it forked run on
+            raise
+        with self.lock:
+            self.active += 1
+            self.used = time.monotonic()
+        w = ForkedWorker(pid, mine, stdin_w, self._ended)
+        w._buf = rest
+        return w
+
+    def _ended(self) -> None:
+        with self.lock:
+            self.active -= 1
+
+    def close(self) -> None:
+        try:
+            self.ctl.close()
+        finally:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+_ZYGOTES: dict[tuple, Zygote] = {}
+_DISABLED: dict[tuple, str] = {}
+_LOCK = threading.Lock()
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def will_fork(mode: str | None = None) -> bool:
+    """Whether workers started now would be forked (the zygote is on and the sandbox mode allows it)."""
+    try:
+        return enabled() and sandbox.fork_settings({}, mode) is not None
+    except sandbox.SandboxError:
+        return False
+
+
+def get(env: dict, root: Path) -> Zygote | None:
+    """The zygote for workers with this environment (its per-job variables aside), started on first use;
+    None where forking is off or cannot work here (then the caller spawns)."""
+    base = {k: v for k, v in env.items() if k not in PER_JOB_ENV}
+    key = (sys.executable, tuple(sorted(base.items())))
+    with _LOCK:
+        if key in _DISABLED:
+            return None
+        z = _ZYGOTES.get(key)
+        if z is not None and z.alive:
+            return z
+        if z is not None:  # dead or broken: a new one; the old one goes when its last worker has ended
+            del _ZYGOTES[key]
+            if z.active == 0:
+                z.close()
+        idle = sorted((z.used, k) for k, z in _ZYGOTES.items() if z.active == 0)
+        while len(_ZYGOTES) >= MAX_ZYGOTES and idle:
+            _ZYGOTES.pop(idle.pop(0)[1]).close()
+        zdir = root / "zygote"
+        zdir.mkdir(parents=True, exist_ok=True)
+        z = Zygote(base, zdir / f"zygote-{os.getpid()}.log")
+        if not z.ready:
+            _DISABLED[key] = z.why or "unknown"
+            print(f"kernelcraft: worker zygote unusable ({z.why}); spawning workers", file=sys.stderr)
+            return None
+        _ZYGOTES[key] = z
+        return z
+
+
+def shutdown() -> None:
+    with _LOCK:
+        for z in _ZYGOTES.values():
+            z.close()
+        _ZYGOTES.clear()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

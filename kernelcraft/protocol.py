@@ -1,0 +1,102 @@
+"""The judging protocol: every knob that can change a verdict, in one pydantic model.
+
+Design decisions
+- One name, one default, one validation per knob. `evaluate`, `evaluate_many`, the pool, `optimize`,
+  `bench`, the reward service and the CLI all take a `Protocol` (or the same field names as keyword
+  overrides); none restates a default. Before the split, the timing budget was 3 s through `eval` and
+  1-2 s through `optimize`/`bench`, so one candidate got different verdicts by entry point.
+- Defaults that depend on the device are per device *kind* (`DEVICE_DEFAULTS`: a CPU timing budget of
+  1 s, a GPU's 2 s; a GPU candidate may spend minutes in `torch.compile`, so its run clock is longer).
+  A field left `None` means "the device's default"; `resolved(device)` fills them in, and the resolved
+  protocol is what every verdict records (`Verdict.protocol`), what `bench.json` pins and what a run
+  database stores, so a number always travels with the rules that produced it.
+- Only verdict-changing knobs are here. How much runs at once (`jobs`, slots, `task_jobs`), where caches
+  live and what a search does are execution settings: they must never change a verdict, so they are not
+  part of the protocol and not pinned. The device lock's scope follows from concurrency (`lock_scope`)
+  and is passed beside the protocol for that reason.
+- `screen` and `runtime_guards` can only weaken the judge: they exist to measure the guards' own cost,
+  are never accepted over HTTP (`WEAKENING`) and are recorded like every other knob.
+- Frozen: a protocol is a value. Derived protocols (a re-measurement with another seed, a confirmation
+  with twice the timing budget) are copies with `with_(...)`, recorded as such in their verdicts.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEVICE_DEFAULTS: dict[str, dict[str, float]] = {
+    "cpu": {"time_budget_s": 1.0, "timeout_s": 180.0},
+    "cuda": {"time_budget_s": 2.0, "timeout_s": 300.0},
+}
+WEAKENING = ("screen", "runtime_guards")  # never accepted from a remote caller
+
+
+class ProtocolError(ValueError):
+    """A knob with a bad value or an unknown name (a ValueError: the caller's bug, never a verdict)."""
+
+
+class Protocol(BaseModel):
+    """How a candidate is judged. Fields left None take the device kind's default (`resolved`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["open", "strict"] = Field("open", description="strict: the candidate must run a kernel of "
+                                            "its own and may not call the reference")
+    trials: int = Field(5, ge=1, le=100, description="correctness trials, each on fresh random inputs")
+    atol: float | None = Field(None, ge=0, description="absolute tolerance (default per output dtype)")
+    rtol: float | None = Field(None, ge=0, description="relative tolerance (default per output dtype)")
+    seed: int = Field(42, description="seed of inputs and weights; re-measurements derive their own")
+    timing: bool = Field(True, description="time the candidate after it passes (False: correctness only)")
+    time_budget_s: float | None = Field(None, ge=0, le=600, description="seconds of paired timing before "
+                                        "giving up on the CI target (default 1 cpu / 2 gpu)")
+    target_ci: float = Field(0.01, ge=0, le=1, description="stop timing once the speedup's 95% CI half-width "
+                             "is below this fraction")
+    min_rounds: int = Field(10, ge=1, le=100_000, description="paired timing rounds at least")
+    input_sets: int = Field(8, ge=2, le=64, description="input sets rotated while timing (no warm-cache wins)")
+    input_pool_bytes: int = Field(1 << 30, ge=1 << 20, description="memory the rotated input sets may take")
+    timeout_s: float | None = Field(None, gt=0, le=7200, description="seconds allowed after the build: "
+                                    "construction, checks and timing (default 180 cpu / 300 gpu)")
+    build_timeout_s: float = Field(900.0, gt=0, le=7200, description="seconds allowed for start-up, imports "
+                                   "and compiling inline extensions")
+    remeasure_above: float | None = Field(3.0, gt=0, description="speedups above this are re-measured in "
+                                          "fresh workers (None: never)")
+    screen: bool = Field(True, description="static screen for forbidden constructs (off only to measure it)")
+    runtime_guards: bool = Field(True, description="process-state guards in the worker (off only to measure "
+                                 "their cost)")
+
+    @classmethod
+    def make(cls, base: "Protocol | dict | None" = None, **overrides) -> "Protocol":
+        """`base` (a Protocol, a dict of fields, or the defaults) with `overrides` applied, None included
+        (`remeasure_above=None`: never; `time_budget_s=None`: the device's default). Bad values and unknown
+        names raise `ProtocolError` naming them."""
+        fields = (base.model_dump() if isinstance(base, Protocol) else dict(base or {}))
+        fields.update(overrides)
+        try:
+            return cls(**fields)
+        except ValidationError as e:
+            raise ProtocolError(_explain(e)) from None
+
+    def with_(self, **changes) -> "Protocol":
+        """A copy with `changes` (validated)."""
+        return Protocol.make(self, **changes)
+
+    def resolved(self, device: str) -> "Protocol":
+        """Every None that has a device default filled in for `device` ('cpu', 'cuda', 'cuda:N', ...)."""
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        fill = {k: v for k, v in DEVICE_DEFAULTS[kind].items() if getattr(self, k) is None}
+        return self.model_copy(update=fill) if fill else self
+
+    def key(self) -> dict:
+        """The JSON form that pins a measurement (bench.json, the baseline cache, a run database)."""
+        return self.model_dump(mode="json")
+
+
+def _explain(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        where = ".".join(str(x) for x in err.get("loc", ())) or "protocol"
+        what = "unknown option" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid")
+        parts.append(f"{where}: {what}" + ("" if err.get("type") == "extra_forbidden" else
+                                           f" (got {err.get('input')!r})"))
+    return "invalid protocol: " + "; ".join(parts)

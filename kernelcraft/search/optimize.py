@@ -1,0 +1,377 @@
+"""The optimisation loop: propose (policy) -> record (run database) -> evaluate (workers) -> repeat.
+
+Design decisions
+- Every state change goes to the run database first (`rundb`): proposals are stored as `queued`
+  before any evaluation starts, each verdict is committed as it arrives, and a resumed run (same
+  `--out`) re-queues what was in flight and continues. The budget counts candidates in the run, across
+  invocations, so re-running a finished command is a no-op that reprints the result.
+- Evaluations go through `kernelcraft.evaluate.evaluate`, one worker process each, `jobs` at a time.
+  With more than one job the device lock covers each worker's whole device phase (construction,
+  checks, compiles and autotuning they trigger, timing: `lock_scope="device"`), so one candidate's
+  checks never run beside another's timing; start-up and imports still overlap. On a CPU the default is one job at a
+  time below 8 cores: a compile running beside a timed candidate would be timed too.
+- A null control runs first (once per run): the reference itself as a candidate (`class ModelNew(Model)`).
+  It is never a candidate and never a result; its measured "speedup" is the harness's bias and noise
+  floor for this task on this machine (ideally 1.0; a timing path that favours the candidate shows
+  here). When the control's 95% CI excludes 1 (a real bias, not noise), the bar a candidate must clear
+  is max(`min_speedup`, the control's speedup); otherwise it is `min_speedup`.
+- "Best" is honest: the highest speedup among candidates that are `correct` *and* verified faster
+  (95% CI lower bound above the bar). The leaders (top `confirm`, default 2) are
+  re-evaluated in a fresh worker with new inputs, another seed and twice the timing budget, and the
+  confirmed numbers decide and are reported (the best of many noisy measurements is biased upwards;
+  a re-measurement is not). `OUT/best.py` is written only for such a candidate, byte-identical to what
+  was verified; otherwise there is no best.py and the status says why. The reference itself is never
+  passed off as an optimisation.
+- The run's `Protocol` (resolved for its device) is pinned in the database: a resume under other rules
+  is refused rather than mixing their numbers in one leaderboard. Search settings may change on resume.
+- Stops on: budget (candidates), wall-time limit, `patience` rounds without a >1% improvement of the
+  best verified speedup, or a policy with nothing new left to propose.
+- Progress is reported through a callback (`on_event(kind, **data)`); the library prints nothing.
+- A caller running optimisations in threads stops one with `cancel` (a `threading.Event`, as
+  `kernelcraft bench --task-jobs` does on Ctrl-C or a failed task): checked before every proposal round
+  and around every evaluation. A verdict that arrives after it was set is dropped, not recorded (the
+  caller may have killed that worker), and `Cancelled` is raised; the candidate stays in flight in the
+  database, so the next resume re-queues it, as after a kill.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from kernelcraft.devices import default_device, default_jobs, device_info
+from kernelcraft.evaluate import evaluate
+from kernelcraft.protocol import Protocol
+from kernelcraft.search import exemplars as ex
+from kernelcraft.search.policies import Context, Policy, make_policy
+from kernelcraft.search.prompt import Failure
+from kernelcraft.search.rundb import RunDB
+from kernelcraft.task import Task, load_task
+from kernelcraft.search.techniques import techniques
+
+
+class RunInUse(RuntimeError):
+    """Another process is running an optimisation in this directory."""
+
+
+class Cancelled(RuntimeError):
+    """The caller set `cancel`: the run stopped; a resume re-queues what was in flight (module docstring)."""
+
+
+@dataclass
+class Options:
+    policy: str = "recipes"
+    budget: int | None = 16
+    time_limit_s: float | None = None
+    k: int = 4
+    jobs: int | None = None
+    patience: int | None = 3
+    min_gain: float = 0.01
+    exemplars: int = 2
+    tau: float = 1.0
+    bucket_width: float = 0.1
+    selector: str = "contrastive"
+    failures: int = 3
+    seed: int = 0
+    device: str | None = None
+    protocol: Protocol = field(default_factory=Protocol)  # how every candidate is judged (its seed: candidates')
+    confirm: int = 2
+    min_speedup: float = 1.0
+    null_control: bool = True
+    allow_precision_change: bool = False
+    backend: str = "any"
+    policy_options: dict = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    task: str
+    status: str  # improved | no_improvement | no_correct
+    best_path: str | None
+    best_speedup: float | None
+    candidates: int
+    run_dir: str
+    best_ci95: list | None = None
+    best_candidate: int | None = None
+    best_techniques: list = field(default_factory=list)
+    confirmed: bool = False
+    correct: int = 0
+    verified_faster: int = 0
+    failed: int = 0
+    parse_errors: int = 0
+    rounds: int = 0
+    stopped: str = ""
+    policy: str = ""
+    device: str = ""
+    tokens: dict = field(default_factory=dict)
+    null_control_speedup: float | None = None
+    bar: float = 1.0
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class RunLock:
+    """One process per output directory (a flock on `<out>/<name>`, freed if the holder dies)."""
+
+    def __init__(self, out: Path, name: str = "run.lock", command: str = "optimize", error: type = RunInUse):
+        self.f = open(out / name, "w")
+        try:
+            fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.f.close()
+            raise error(f"{out} is in use by another `kernelcraft {command}` ({name} is held)") from None
+
+    def release(self) -> None:
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+
+
+def optimize(task: "str | Path | Task", out: "str | Path", options: Options | None = None, *,
+             policy: Policy | None = None, on_event: Callable[..., None] | None = None,
+             cancel: threading.Event | None = None) -> Result:
+    """Run (or resume) a search in `out` and return its summary (also written to out/summary.json)."""
+    opts = options or Options()
+    task = load_task(task)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = opts.device or default_device()
+    lock = RunLock(out)
+    db = RunDB(out)
+    try:
+        run = _Run(task, out, db, opts, device, policy, on_event or (lambda kind, **data: None), cancel)
+        return run.go()
+    finally:
+        db.close()
+        lock.release()
+
+
+class _Run:
+    def __init__(self, task: Task, out: Path, db: RunDB, opts: Options, device: str, policy, emit,
+                 cancel: threading.Event | None = None):
+        self.task, self.out, self.db, self.opts, self.device, self.emit = task, out, db, opts, device, emit
+        self.cancel = cancel
+        known = db.get_meta("task_sha256")
+        if known is not None and known != task.sha256:
+            raise ValueError(f"{out} holds a run of another task ({db.get_meta('task')}); use another --out")
+        if known is None:
+            db.set_meta("task", task.name)
+            db.set_meta("task_sha256", task.sha256)
+            db.set_meta("task_source", task.source)
+            db.set_meta("created_at", time.time())
+        self.protocol = opts.protocol.resolved(device)
+        pinned = (db.get_meta("options") or {}).get("protocol")
+        if pinned is not None and pinned != self.protocol.key():
+            changed = sorted(k for k in set(pinned) | set(self.protocol.key())
+                             if pinned.get(k) != self.protocol.key().get(k))
+            raise ValueError(f"{out} holds a run judged under another protocol ({', '.join(changed)} differ): "
+                             "resume it with the same options, or use another --out")
+        db.set_meta("options", {**{k: v for k, v in asdict(opts).items() if k not in ("policy_options", "protocol")},
+                                "protocol": self.protocol.key()})
+        self.info = device_info(device)
+        db.set_meta("device", self.info.describe())
+        self.policy = policy or make_policy(opts.policy, **opts.policy_options)
+        self.eval_time = self.protocol.time_budget_s
+        self.jobs = opts.jobs or default_jobs(device)
+        self.bar = opts.min_speedup
+        self.control = None
+
+    def _check(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled(f"optimize {self.task.name}: cancelled")
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def _evaluate(self, source: str, seed: int, time_budget: float) -> dict:
+        self._check()
+        best = self.best_verified()
+        try:  # a speedup far above the best so far is re-measured in a fresh worker by the evaluator
+            v = evaluate(self.task, source, protocol=self.protocol.with_(seed=seed, time_budget_s=time_budget),
+                         device=self.device, best_known_speedup=best if best > 1.0 else None,
+                         lock_scope="device" if self.jobs > 1 else "timing").to_json()
+        except ValueError:
+            raise  # a bad option (device, mode): the caller's error, not the candidate's
+        except Exception as e:  # noqa: BLE001 - a harness bug must not kill a long run
+            v = {"status": "runtime_error", "reasons": ["harness_error"], "speedup": None,
+                 "message": f"kernelcraft failed evaluating this candidate: {type(e).__name__}: {e}"}
+        self._check()  # cancelled meanwhile: its worker may have been killed, so the verdict is not recorded
+        return v
+
+    def _eval_one(self, row) -> None:
+        self.db.claim(row.id)
+        self.emit("eval_start", id=row.id)
+        verdict = self._evaluate(row.source, self.protocol.seed, self.eval_time)
+        self.db.finish(row.id, verdict)
+        done = self.db.get(row.id)
+        self.emit("verdict", id=row.id, status=done.status, speedup=done.speedup,
+                  ci95=[done.ci_low, done.ci_high], techniques=techniques(done.source, done.meta),
+                  message=(done.message or "").splitlines()[0][:200] if done.message else "")
+
+    def _drain(self) -> None:
+        queued = self.db.queued()
+        if not queued:
+            return
+        with ThreadPoolExecutor(max_workers=min(self.jobs, len(queued))) as pool:
+            for f in [pool.submit(self._eval_one, r) for r in queued]:
+                f.result()
+
+    # -- proposing ---------------------------------------------------------------------------------
+    def _context(self, rnd: int, k: int, rows) -> Context:
+        rng = random.Random(f"{self.opts.seed}:{rnd}")
+        items = [ex.Exemplar(r.id, r.source, r.speedup, techniques(r.source, r.meta), r.meta)
+                 for r in rows if r.correct]
+        sel = dict(n=self.opts.exemplars, tau=self.opts.tau, bucket_width=self.opts.bucket_width)
+        if self.opts.selector == "random":
+            sel = dict(n=self.opts.exemplars)
+        failed = [r for r in rows if r.state == "done" and not r.correct][-self.opts.failures:] \
+            if self.opts.failures else []
+        failures = [Failure(r.id, r.status or "?", r.reasons, r.message) for r in failed]
+        p = self.protocol
+        tol = (f"atol {p.atol:g}, rtol {p.rtol if p.rtol is not None else p.atol:g}" if p.atol is not None
+               else "1e-4 for float32, 1e-2 for float16/bfloat16; atol scales with the output's RMS")
+        return Context(task=self.task, device=self.info, round=rnd, k=k, history=rows, failures=failures,
+                       sample_exemplars=lambda: ex.select(items, rng, selector=self.opts.selector, **sel),
+                       rng=rng, allow_precision_change=self.opts.allow_precision_change,
+                       backend=self.opts.backend, tolerance=tol, mode=p.mode)
+
+    def _record(self, proposals, rnd: int) -> tuple[int, int]:
+        new = dups = 0
+        for p in proposals:
+            if p.source is None:
+                self.db.add_parse_error(policy=self.opts.policy, round=rnd, reply=p.reply, prompt=p.prompt,
+                                        usage=p.usage, meta=p.meta, parents=p.parents,
+                                        message=p.error or "no code", reason=p.reason or "parse_error")
+                new += 1
+                self.emit("verdict", id=None, status="parse_error", speedup=None, ci95=[None, None],
+                          techniques=[], message=p.error or "")
+                continue
+            _, is_new = self.db.add_candidate(p.source, policy=self.opts.policy, round=rnd, parents=p.parents,
+                                              meta=p.meta, prompt=p.prompt, reply=p.reply, usage=p.usage)
+            new += is_new
+            dups += not is_new
+        return new, dups
+
+    def best_verified(self) -> float:
+        rows = [r for r in self.db.rows("WHERE status = 'correct'") if self._faster(r.ci_low)]
+        return max((r.speedup for r in rows), default=1.0)
+
+    def _faster(self, ci_low) -> bool:
+        return ci_low is not None and ci_low > self.bar
+
+    def _null_control(self) -> None:
+        """Time the reference against itself once per run; its speedup raises the bar (module docstring)."""
+        rec = self.db.get_meta("null_control")
+        if rec is None and self.opts.null_control:
+            self.emit("control_start")
+            src = (self.task.source.rstrip() + "\n\n\nclass ModelNew(Model):\n"
+                   '    """The reference itself: a null control for the timing harness."""\n')
+            v = self._evaluate(src, self.protocol.seed, self.eval_time)
+            rec = {"status": v.get("status"), "speedup": v.get("speedup"),
+                   "ci95": (v.get("timing") or {}).get("ci95"), "message": (v.get("message") or "")[:500]}
+            self.db.set_meta("null_control", rec)
+            self.emit("control", **rec)
+        self.control = rec
+        ci = (rec or {}).get("ci95") or [None, None]
+        if rec and rec.get("status") == "correct" and rec.get("speedup") and ci[0] is not None and ci[0] > 1.0:
+            self.bar = max(self.opts.min_speedup, rec["speedup"])  # a bias the CI excludes: correct for it
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def go(self) -> Result:
+        t0 = time.monotonic()
+        requeued = self.db.requeue_in_flight()
+        self.db.log("start", resumed=self.db.count() > 0, requeued=requeued, policy=self.opts.policy)
+        self.emit("start", resumed=self.db.count() > 0, requeued=requeued, candidates=self.db.count(),
+                  jobs=self.jobs, device=self.info.describe())
+        self._null_control()
+        self._drain()
+        rnd, stale, flat, stopped = self.db.last_round(), 0, 0, ""
+        while True:
+            n = self.db.count()
+            if self.opts.budget is not None and n >= self.opts.budget:
+                stopped = "budget"
+                break
+            if self.opts.time_limit_s is not None and time.monotonic() - t0 >= self.opts.time_limit_s:
+                stopped = "time"
+                break
+            self._check()
+            rnd += 1
+            k = self.opts.k if self.opts.budget is None else min(self.opts.k, self.opts.budget - n)
+            before = self.best_verified()
+            proposals = self.policy.propose(self._context(rnd, k, self.db.rows()))[:k]
+            if not proposals:
+                stopped = "exhausted"
+                break
+            new, dups = self._record(proposals, rnd)
+            self.emit("round", round=rnd, proposed=len(proposals), new=new, duplicates=dups)
+            stale = stale + 1 if new == 0 else 0
+            if stale >= 3:
+                stopped = "exhausted"
+                break
+            self._drain()
+            flat = 0 if self.best_verified() > before * (1 + self.opts.min_gain) else flat + 1
+            if self.opts.patience and flat >= self.opts.patience:
+                stopped = "patience"
+                break
+        self.db.log("stop", reason=stopped)
+        result = self._finish(stopped, rnd, time.monotonic() - t0)
+        self.emit("done", **result.to_json())
+        return result
+
+    def _finish(self, stopped: str, rounds: int, wall: float) -> Result:
+        rows = self.db.rows()
+        leaders = sorted((r for r in rows if r.correct and self._faster(r.ci_low)), key=lambda r: -r.speedup)
+        best, best_sp, best_ci, is_conf = None, None, None, False
+        if self.opts.confirm:
+            ok, tries = [], 0
+            for r in leaders:  # confirm leaders in order until `confirm` of them hold up (bounded effort)
+                if len(ok) >= self.opts.confirm or tries >= 2 * self.opts.confirm:
+                    break
+                c = self.db.confirmations().get(r.id)
+                if c is None:
+                    tries += 1
+                    self.emit("confirm_start", id=r.id)
+                    self.db.add_confirmation(r.id, self._evaluate(r.source, self.protocol.seed + 1000, 2 * self.eval_time))
+                    c = self.db.confirmations()[r.id]
+                    self.emit("confirm", id=r.id, status=c["status"], speedup=c["speedup"],
+                              ci95=[c["ci_low"], c["ci_high"]])
+                if c["status"] == "correct" and self._faster(c["ci_low"]):
+                    ok.append((r, c))
+            for r, c in ok:
+                if best_sp is None or c["speedup"] > best_sp:
+                    best, best_sp, best_ci, is_conf = r, c["speedup"], [c["ci_low"], c["ci_high"]], True
+        elif leaders:
+            best, best_sp, best_ci = leaders[0], leaders[0].speedup, [leaders[0].ci_low, leaders[0].ci_high]
+        best_path = self.out / "best.py"
+        if best is not None:
+            tmp = self.out / "best.py.tmp"
+            tmp.write_text(best.source)
+            os.replace(tmp, best_path)
+            status = "improved"
+        else:
+            best_path.unlink(missing_ok=True)
+            status = "no_improvement" if any(r.correct for r in rows) else "no_correct"
+        tokens = {"prompt": 0, "completion": 0}
+        for r in rows:
+            for k in tokens:
+                tokens[k] += int((r.usage or {}).get(f"{k}_tokens", 0) or 0)
+        res = Result(
+            task=self.task.name, status=status, best_path=str(best_path) if best else None,
+            best_speedup=best_sp, candidates=len(rows), run_dir=str(self.out), best_ci95=best_ci,
+            best_candidate=best.id if best else None, best_techniques=techniques(best.source, best.meta) if best else [],
+            confirmed=is_conf, correct=sum(r.correct for r in rows),
+            verified_faster=sum(bool(r.correct and self._faster(r.ci_low)) for r in rows),
+            failed=sum(r.state == "done" and not r.correct and r.status != "parse_error" for r in rows),
+            parse_errors=sum(r.status == "parse_error" for r in rows), rounds=rounds, stopped=stopped,
+            policy=self.opts.policy, device=self.info.describe(), tokens=tokens, bar=self.bar,
+            null_control_speedup=(self.control or {}).get("speedup"), wall_s=round(wall, 2))
+        (self.out / "summary.json").write_text(json.dumps(res.to_json(), indent=2) + "\n")
+        self.db.set_meta("summary", res.to_json())
+        return res
+

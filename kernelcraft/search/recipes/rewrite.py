@@ -1,0 +1,258 @@
+"""FX-graph rewrites of a reference model: algebraic simplifications rendered back to Python source.
+
+Design decisions
+- The reference is traced with `torch.fx.symbolic_trace` in a short-lived subprocess
+  (`python -m kernelcraft.search.recipes.rewrite`), never in the caller. The reference is the user's own trusted code,
+  but tracing executes its `__init__` and `forward`, and a subprocess is cheap next to an evaluation
+  (one per run). The model is built and shape-propagated on the `meta` device, so GPU-sized tasks
+  allocate nothing; when shapes cannot be propagated, rules that need them are simply not offered.
+- A rule is offered only when it changes the graph of this reference. Rules compose in a fixed order;
+  every subset of the applicable rules is rendered (there are few), each with and without the Triton
+  elementwise-fusion pass (`tritonfuse`), so the recipes policy can pick any combination later without
+  tracing again.
+- Output is source, not objects: the rewritten `forward` from `Graph.python_code`, plus the lines that
+  bind the names it needs. The generated candidate is standalone Python a person can read and diff.
+- The rules themselves live in `fxrules`; the Triton elementwise fusion in `tritonfuse`.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from dataclasses import dataclass, field
+
+from kernelcraft.search.recipes import tritonfuse
+from kernelcraft.search.recipes.fxrules import RULE_ORDER, RULES, _dtype, _torch
+
+REF_MODULE = "kc_reference"
+
+
+@dataclass
+class Analysis:
+    """What the subprocess found: features of the model and rendered variants keyed by rule subset."""
+    traced: bool = False
+    error: str | None = None
+    rules: list[str] = field(default_factory=list)
+    features: dict = field(default_factory=dict)
+    variants: dict[str, dict] = field(default_factory=dict)  # "a+b" -> {"code", "prelude", "triton"}
+
+    def variant(self, rules) -> dict | None:
+        return self.variants.get(variant_key(rules))
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def variant_key(rules) -> str:
+    return "+".join(r for r in RULE_ORDER if r in set(rules))
+
+
+def analyze(source: str, *, timeout_s: float = 180.0) -> Analysis:
+    """Trace the reference in a subprocess and render every applicable rewrite (see module docstring)."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kernelcraft.search.recipes.rewrite"], input=json.dumps({"source": source}),
+                              capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return Analysis(error=f"tracing the reference took longer than {timeout_s:g} s")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return Analysis(error=f"analysis subprocess failed (exit {proc.returncode}): {proc.stderr[-1500:]}")
+    return Analysis(**json.loads(lines[-1]))
+
+
+# ---- everything below runs in the subprocess -----------------------------------------------------
+
+
+def _load_reference(source: str):
+    mod = types.ModuleType(REF_MODULE)
+    mod.__file__ = f"<{REF_MODULE}>"
+    sys.modules[REF_MODULE] = mod
+    exec(compile(source, f"<{REF_MODULE}>", "exec"), mod.__dict__)
+    return mod
+
+
+def _build(mod):
+    torch = _torch()
+    init = list(mod.get_init_inputs())
+    torch.manual_seed(0)
+    try:
+        with torch.device("meta"):
+            model = mod.Model(*init)
+    except Exception:  # some constructors do real arithmetic: build on the CPU instead
+        model = mod.Model(*init)
+    try:
+        with torch.device("meta"):
+            inputs = list(mod.get_inputs())
+    except Exception:
+        inputs = None
+    return model, inputs
+
+
+def _propagate(gm, inputs) -> None:
+    """Shapes and dtypes on every node (meta tensors: nothing is allocated); cleared when it fails."""
+    torch = _torch()
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    if inputs is None:
+        return
+    try:
+        ShapeProp(gm).propagate(*[i.to("meta") if isinstance(i, torch.Tensor) else i for i in inputs])
+    except Exception:
+        for n in gm.graph.nodes:
+            n.meta.pop("tensor_meta", None)
+
+
+def _trace(model, inputs):
+    gm = _torch().fx.symbolic_trace(model)
+    _propagate(gm, inputs)
+    return gm
+
+
+def _reprop(gm, inputs) -> None:
+    gm.recompile()
+    _propagate(gm, inputs)
+
+
+class Unrenderable(Exception):
+    pass
+
+
+def render_graph(gm, root) -> tuple[str, str]:
+    """(prelude, code): the rewritten forward as `def forward(self, ...)` and the lines binding its names.
+    `root` is the reference model: every attribute the graph reads must exist on it."""
+    torch = _torch()
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            try:
+                _resolve_attr(root, n.target)
+            except AttributeError:
+                raise Unrenderable(f"attribute {n.target} exists only on the traced graph")
+    for n in gm.graph.nodes:  # no annotations in generated code: they would need names of their own
+        if n.op in ("placeholder", "output"):
+            n.type = None
+    pc = gm.graph.python_code(root_module="self")
+    lines = []
+    used = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", pc.src))
+    known = {"torch": "import torch", "inf": "inf = float('inf')", "nan": "nan = float('nan')",
+             "NoneType": "NoneType = type(None)", "device": "from torch import device",
+             "fx_pytree": "import torch.fx._pytree as fx_pytree", "pytree": "import torch.utils._pytree as pytree"}
+    for name, obj in sorted(pc.globals.items()):
+        if name not in used:
+            continue
+        if name in known:
+            lines.append(known[name])
+        elif getattr(obj, "_kc_generated", False) or getattr(obj, "__module__", None) == REF_MODULE:
+            lines.append(f"{name} = {obj.__qualname__}")
+        elif isinstance(obj, types.ModuleType):
+            lines.append(f"import {obj.__name__} as {name}")
+        elif isinstance(obj, (torch.dtype,)):
+            lines.append(f"{name} = {obj}")
+        elif isinstance(obj, (str, int, float, bool)) or obj is None:
+            lines.append(f"{name} = {obj!r}")  # e.g. a string annotation
+        else:
+            mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+            try:
+                target = __import__(mod, fromlist=["_"]) if mod else None
+                for part in (qual or "").split("."):
+                    target = getattr(target, part)
+            except Exception:
+                target = None
+            if target is not obj:
+                raise Unrenderable(f"cannot name {obj!r} in generated source")
+            lines.append(f"import {mod} as _kc_{name}_mod\n{name} = _kc_{name}_mod.{qual}")
+    return "\n".join(lines), pc.src.strip() + "\n"
+
+
+def _resolve_attr(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _features(model, gm, inputs) -> dict:
+    torch = _torch()
+    mods = list(model.modules())
+    feats = {
+        "conv": any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in mods),
+        "conv2d": any(isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) for m in mods),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "input_ranks": [i.dim() if isinstance(i, torch.Tensor) else None for i in inputs] if inputs else None,
+        "input_dtypes": [str(i.dtype) if isinstance(i, torch.Tensor) else None for i in inputs] if inputs else None,
+    }
+    if gm is not None:
+        ops = [n for n in gm.graph.nodes if n.op.startswith("call")]
+        feats["n_ops"] = len(ops)
+        feats["ops"] = sorted({getattr(n.target, "__name__", str(n.target)) if n.op != "call_module"
+                               else type(gm.get_submodule(n.target)).__name__ for n in ops})[:40]
+        out = [n for n in gm.graph.nodes if n.op == "output"][0]
+        res = out.args[0]
+        res = res if isinstance(res, (list, tuple)) else [res]
+        feats["output_dtypes"] = [str(_dtype(r)) if hasattr(r, "op") and _dtype(r) is not None else None for r in res]
+        feats["placeholders"] = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    return feats
+
+
+def run_analysis(source: str) -> dict:
+    torch = _torch()
+
+    torch.set_num_threads(1)
+    mod = _load_reference(source)
+    model, inputs = _build(mod)
+    try:
+        gm = _trace(model, inputs)
+    except Exception as e:
+        return dict(traced=False, error=f"symbolic_trace failed: {type(e).__name__}: {str(e)[:300]}",
+                    features=_features(model, None, inputs))
+    result = dict(traced=True, error=None, rules=[], features=_features(model, gm, inputs), variants={})
+    applicable = []
+    for rule in RULE_ORDER:
+        trial = _trace(model, inputs)
+        try:
+            if RULES[rule](trial):
+                trial.graph.lint()
+                applicable.append(rule)
+        except Exception:
+            continue
+    result["rules"] = applicable
+    for r in range(len(applicable) + 1):
+        for subset in itertools.combinations(applicable, r):
+            gm_v = _trace(model, inputs)
+            try:
+                for rule in subset:
+                    RULES[rule](gm_v)
+                    gm_v.graph.lint()
+                    _reprop(gm_v, inputs)
+                prelude, code = render_graph(gm_v, model) if subset else ("", "")
+                variant = {"prelude": prelude, "code": code, "triton": None}
+                fused = tritonfuse.fuse(gm_v) if inputs is not None else None
+                if fused is not None:
+                    t_prelude, t_code = render_graph(gm_v, model)
+                    variant["triton"] = {"prelude": t_prelude, "code": t_code, "kernels": fused.source,
+                                         "regions": fused.regions}
+            except Exception:
+                continue
+            result["variants"][variant_key(subset)] = variant
+    return result
+
+
+def main() -> None:
+    req = json.loads(sys.stdin.read())
+    try:
+        out = run_analysis(req["source"])
+    except Exception as e:  # noqa: BLE001 - report, never crash silently
+        out = dict(traced=False, error=f"{type(e).__name__}: {str(e)[:500]}")
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,2 @@
+"""Serve: evaluation at scale — `pool` (build and timing slots on every device), `cluster` (the same
+slots as Ray actors) and `service` (the HTTP reward service over a pool)."""

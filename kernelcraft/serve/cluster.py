@@ -1,0 +1,149 @@
+"""The Ray backend: the local scheduler's slots, backed by Ray actors on many GPUs and hosts.
+
+Design decisions
+- Same scheduler, different slots. `RayBackend` plugs into `serve.pool.Pool`: each build slot is a CPU actor
+  (`num_cpus=1`) that runs `evaluate.prebuild`, each timing slot a GPU actor (`num_gpus=1`, or a CPU actor
+  for `devices="cpu"`) that runs `evaluate`. Queueing, deadlines, stats and the verdicts themselves are
+  exactly the local pool's; the actors only move the call to another process/host. Inside an actor the
+  candidate still runs in its own fresh worker process (and its own sandbox), never in the actor.
+- Resilience is Ray's: actors are created with `max_restarts=-1` (a dead actor is restarted, on another
+  node if its node is gone) and `max_task_retries=1` (the call it was running is retried once). A call
+  that fails again becomes a `runtime_error/harness_error` verdict via the pool; a call that hangs is
+  settled by the pool's watchdog, which kills that actor and starts a replacement.
+- Tasks and candidates travel as text (`Task`/`Candidate` objects), verdicts come back as JSON records,
+  so nothing depends on a shared filesystem. The build cache does: give all nodes the same `cache_dir`
+  on a shared filesystem (the cache is flock-safe across hosts) so a build made on one node is found by
+  the timing actor on another; without one, a timing actor rebuilds what it does not find (correct,
+  slower).
+- The build arch comes from the timing actors (`arch_for` of their GPU); a cluster of mixed GPU
+  generations builds for the first one found, and the others rebuild in their timing slot.
+- Ray is an optional extra (`pip install kernelcraft[ray]`): this module imports `ray` only when a
+  backend is made, so the service can import it without the extra.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Callable
+
+from kernelcraft.devices import arch_for
+from kernelcraft.evaluate import evaluate, prebuild
+from kernelcraft.serve.pool import Pool
+from kernelcraft.verdict import Verdict
+
+
+class _Actor:
+    """Runs in a Ray worker process: one call at a time, each in a fresh kernelcraft worker (forked by this
+    process's zygote, or spawned)."""
+
+    def __init__(self, cache_dir: str | None):
+        self.cache_dir = cache_dir
+
+    def info(self) -> dict:
+        import torch  # in the actor process: the caller of RayPool need not import torch
+
+        gpu = torch.cuda.is_available()
+        return {"host": socket.gethostname(), "pid": os.getpid(),
+                "gpu": torch.cuda.get_device_name(0) if gpu else None,
+                "arch": arch_for(torch.cuda.get_device_capability(0)) if gpu else None}
+
+    def prebuild(self, cand, arch, opts) -> dict | None:
+        v = prebuild(cand, arch=arch, cache_dir=self.cache_dir, timeout_s=opts["protocol"].build_timeout_s)
+        return None if v is None else v.to_json()
+
+    def evaluate(self, task, cand, device, opts) -> dict:
+        return evaluate(task, cand, device=device, cache_dir=self.cache_dir, **opts).to_json()
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("the Ray backend needs ray: pip install 'kernelcraft[ray]'") from None
+    return ray
+
+
+class RayBackend:
+    """Slots backed by Ray actors. `address`: None/"local" starts a local Ray; "auto" or "ray://..."
+    joins a cluster. `devices`: "cuda" (one timing actor per cluster GPU, the default when the cluster
+    has GPUs) or "cpu" (`cpu_timing` CPU actors)."""
+
+    def __init__(self, address: str | None = None, *, devices: str | None = None, gpus: int | None = None,
+                 cpu_timing: int = 2, cache_dir: str | os.PathLike | None = None, init_kwargs: dict | None = None):
+        ray = _ray()
+        if not ray.is_initialized():
+            kw = dict(init_kwargs or {})
+            if address not in (None, "local", "ray"):
+                kw["address"] = address
+            ray.init(**{"include_dashboard": False, "log_to_driver": False, **kw})
+        self.ray = ray
+        self.cache_dir = str(cache_dir) if cache_dir else os.environ.get("KERNELCRAFT_CACHE")
+        res = ray.cluster_resources()
+        n_gpu = int(res.get("GPU", 0)) if gpus is None else gpus
+        self.kind = devices or ("cuda" if n_gpu else "cpu")
+        if self.kind not in ("cuda", "cpu"):
+            raise ValueError(f"cluster devices must be cuda or cpu, not {self.kind!r}")
+        if self.kind == "cuda" and n_gpu < 1:
+            raise ValueError("devices='cuda' but the Ray cluster has no GPUs")
+        self.n_timing = n_gpu if self.kind == "cuda" else cpu_timing
+        self.remote_cls = ray.remote(max_restarts=-1, max_task_retries=1)(_Actor)
+        self._actors: dict[int, object] = {}
+        self._arch: str | None = None
+        self._arch_known = False
+
+    # -- the pool's backend interface ----------------------------------------------------------------
+    def devices(self) -> list[str]:
+        return [self.kind] * self.n_timing
+
+    def _actor(self, timing: bool):
+        opts = {"num_gpus": 1, "num_cpus": 0} if timing and self.kind == "cuda" else {"num_cpus": 1}
+        return self.remote_cls.options(**opts).remote(self.cache_dir)
+
+    def _call(self, actor, method: str, *args):
+        return self.ray.get(getattr(actor, method).remote(*args))
+
+    def build_slot(self, index: int) -> Callable:
+        actor = self._actor(timing=False)
+        def run(cand, arch, opts):
+            rec = self._call(actor, "prebuild", cand, arch, opts)
+            return None if rec is None else Verdict.model_validate(rec)
+
+        run.actor = actor
+        return run
+
+    def timing_slot(self, device: str) -> Callable:
+        actor = self._actor(timing=True)
+
+        def run(task, cand, opts):
+            return Verdict.model_validate(self._call(actor, "evaluate", task, cand, device, opts))
+
+        run.actor = actor
+        if not self._arch_known and self.kind == "cuda":
+            self._arch, self._arch_known = self._call(actor, "info")["arch"], True
+        return run
+
+    def arch(self, device: str) -> str | None:
+        return self._arch if device.startswith("cuda") else None
+
+    def discard(self, run: Callable) -> None:
+        try:
+            self.ray.kill(run.actor, no_restart=True)
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        pass  # actors go with their handles; the Ray runtime belongs to whoever started it
+
+
+def RayPool(address: str | None = None, *, devices: str | None = None, gpus: int | None = None,
+            cpu_timing: int = 2, build_workers: int | None = None, cache_dir=None,
+            init_kwargs: dict | None = None, stall_s: float | None = None, **defaults) -> Pool:
+    """A `Pool` whose slots are Ray actors. Build slots default to the cluster's CPU count minus what the
+    timing actors take (at least 1)."""
+    backend = RayBackend(address, devices=devices, gpus=gpus, cpu_timing=cpu_timing, cache_dir=cache_dir,
+                         init_kwargs=init_kwargs)
+    if build_workers is None:
+        cpus = int(backend.ray.cluster_resources().get("CPU", 1))
+        build_workers = max(1, cpus - (backend.n_timing if backend.kind == "cpu" else 0))
+    return Pool(backend.devices(), per_device=1, backend=backend, build_workers=build_workers, cache_dir=cache_dir,
+                stall_s=stall_s, **defaults)
