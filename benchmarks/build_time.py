@@ -5,8 +5,8 @@ Usage: python3 benchmarks/build_time.py [--markdown] [--candidates elementwise,m
 
 Each build runs in a fresh process with an empty cache directory, through kernelcraft's BuildCache (the
 path the worker takes). Modes: `plain` sets KERNELCRAFT_FASTBUILD=0; `fast` leaves the fast path on (the
-split of kernelcraft/build/cusplit.py first, see kernelcraft/build/fastbuild.py); `types` is the fast path without the
-split (KERNELCRAFT_SPLIT=0); a `+pch` suffix adds the precompiled headers for main.cpp (kernelcraft/build/pch.py:
+split of kernelcraft/builder/cusplit.py first, see kernelcraft/builder/fastbuild.py); `types` is the fast path without the
+split (KERNELCRAFT_SPLIT=0); a `+pch` suffix adds the precompiled headers for main.cpp (kernelcraft/builder/pch.py:
 the full and the light one, made once, outside the build's clock, in a shared temp directory and reused),
 else KERNELCRAFT_PCH=0. Every mode is compared with the first (same output on a GPU, same trimmed error). Stages come from the build directory's .ninja_log (nvcc on the .cu, host c++
 on main.cpp, link; the two compiles run in parallel, so wall ≈ max of them + link) and nvcc's own phase
@@ -209,7 +209,7 @@ def one(cand: str, mode: str, work: Path) -> dict:
     import torch
     import torch.utils.cpp_extension as cpp_ext
 
-    from kernelcraft.build.cache import BuildCache
+    from kernelcraft.builder.cache import BuildCache
     from kernelcraft.devices import arch_for
 
     # a built-in candidate, or `@spec.json` (cpp, cuda, functions, cuda_cflags, cflags; see split_coverage.py)
@@ -238,7 +238,7 @@ def one(cand: str, mode: str, work: Path) -> dict:
     cache.install()
     pch_s = None
     if mode.endswith("+pch"):  # the PCH is made once, outside the build's clock, and shared by the runs
-        from kernelcraft.build import pch
+        from kernelcraft.builder import pch
 
         shared = Path(os.environ["KC_BT_PCH_DIR"])
         shared.mkdir(parents=True, exist_ok=True)
@@ -354,7 +354,7 @@ def main() -> int:
 
     import torch
 
-    from kernelcraft.build.cache import trim_compiler_output
+    from kernelcraft.builder.cache import trim_compiler_output
 
     rows, results = [], []
     for cand in args.candidates.split(","):

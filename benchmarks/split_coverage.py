@@ -1,4 +1,4 @@
-"""Which build path (kernelcraft/build/fastbuild.py) a corpus of candidates would take, and why the split declines.
+"""Which build path (kernelcraft/builder/fastbuild.py) a corpus of candidates would take, and why the split declines.
 
 Usage: python3 benchmarks/split_coverage.py DIR_OR_FILE... [--markdown] [--show-declines N] [--compile N]
 
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kernelcraft.build import cusplit, fastbuild  # noqa: E402
+from kernelcraft.builder import cusplit, fastbuild  # noqa: E402
 
 
 def _literal(node, names: dict):

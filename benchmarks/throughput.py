@@ -267,7 +267,7 @@ def main() -> int:
     ap.add_argument("--remeasure-above", type=float, default=3.0, help="0 disables re-measuring big speedups")
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temporary directory (removed after)")
     ap.add_argument("--pch", default="ready", choices=("ready", "auto", "off"),
-                    help="precompiled torch/extension.h for main.cpp (kernelcraft/build/pch.py): ready = made before the "
+                    help="precompiled torch/extension.h for main.cpp (kernelcraft/builder/pch.py): ready = made before the "
                          "first phase, outside its clock (a long-running service's state; the default); auto = "
                          "left to the evaluations (made in the background during the cold phase); off = none")
     ap.add_argument("--out", default=None, help="write the JSON results here")
@@ -294,7 +294,7 @@ def main() -> int:
     elif args.pch == "ready":
         from concurrent.futures import ThreadPoolExecutor
 
-        from kernelcraft.build import pch
+        from kernelcraft.builder import pch
 
         t0 = time.perf_counter()
         usual = pch.usual(gpu)

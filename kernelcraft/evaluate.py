@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kernelcraft import devices
-from kernelcraft.build import pch
+from kernelcraft.builder import pch
 from kernelcraft.candidate import Candidate, load_candidate, needs_build, preloads, structure_problem
 from kernelcraft.judge import runner
 from kernelcraft.judge.screen import screen as static_screen

@@ -25,7 +25,7 @@ PKG = Path(__file__).resolve().parent.parent / "kernelcraft"
 LAYERS = [
     {"kernelcraft.version", "kernelcraft.protocol", "kernelcraft.devices", "kernelcraft.task",
      "kernelcraft.candidate", "kernelcraft.verdict"},
-    {"kernelcraft.build"},
+    {"kernelcraft.builder"},
     {"kernelcraft.judge"},
     {"kernelcraft.evaluate"},
     {"kernelcraft.search"},

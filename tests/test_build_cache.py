@@ -2,7 +2,7 @@
 a stale torch `lock` file left in the build directory (a builder killed mid-build) does not hang the next one.
 
 The candidate is tests/fixtures/legit/cpp_inline_elementwise.py (this file owns it: a cold C++ build with
-torch/extension.h takes ~30-40 s on 2 cores). Builds live under <cache>/ext/<key>/ (see kernelcraft/build/cache.py).
+torch/extension.h takes ~30-40 s on 2 cores). Builds live under <cache>/ext/<key>/ (see kernelcraft/builder/cache.py).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The build fast path (kernelcraft/build/fastbuild.py): which candidates take it, its own cache key, the
+"""The build fast path (kernelcraft/builder/fastbuild.py): which candidates take it, its own cache key, the
 fallback to the plain build when the rewritten `.cu` does not compile, and unchanged compile errors.
 
 CPU tests drive BuildCache with a stand-in for torch's load_inline (no compiler: each takes well under a
@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.utils.cpp_extension as cpp_ext
 
-from kernelcraft.build import cache as build, fastbuild
-from kernelcraft.build.cache import BuildCache, BuildError
+from kernelcraft.builder import cache as build, fastbuild
+from kernelcraft.builder.cache import BuildCache, BuildError
 from kernelcraft.evaluate import evaluate
 
 FIXTURES = Path(__file__).parent / "fixtures"

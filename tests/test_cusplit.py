@@ -1,4 +1,4 @@
-"""The split build (kernelcraft/build/cusplit.py): where each part of a candidate's `.cu` goes, what it declines,
+"""The split build (kernelcraft/builder/cusplit.py): where each part of a candidate's `.cu` goes, what it declines,
 the launch rewrite (its argument conversions checked by running it with g++ against a recording
 `cudaLaunchKernel`), and a real split build through nvcc + g++ on this host (compile and link; nothing
 runs without a GPU — the GPU tests in test_build_fast.py run split candidates)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcraft.build import cusplit, cutemplates, fastbuild
+from kernelcraft.builder import cusplit, cutemplates, fastbuild
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""The precompiled torch/extension.h for main.cpp (kernelcraft/build/pch.py), on this CPU host with g++.
+"""The precompiled torch/extension.h for main.cpp (kernelcraft/builder/pch.py), on this CPU host with g++.
 
 One PCH is made for the whole module (~1 min on 2 cores, ~0.8 GB under pytest's tmp): g++ really loads
 it, a C++ `load_inline` build through the build cache uses it (also inside a sandboxed worker: the caller
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelcraft.build import pch
-from kernelcraft.build.cache import BuildCache
+from kernelcraft.builder import pch
+from kernelcraft.builder.cache import BuildCache
 from kernelcraft.evaluate import evaluate
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="GCC PCHs: Linux only")
@@ -116,7 +116,7 @@ def test_a_failed_make_is_not_retried(tmp_path):
     d = tmp_path / "k"
     d.mkdir()
     (d / "command").write_text("false  # no compiler\n")
-    r = subprocess.run([sys.executable, "-m", "kernelcraft.build.pch", str(d)], capture_output=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "kernelcraft.builder.pch", str(d)], capture_output=True, timeout=60)
     assert r.returncode == 1 and (d / "failed").exists()
     (d / "command").write_text("touch kc_torch.h.gch.tmp  # would succeed now\n")
     assert pch._make(d) is False and not (d / f"{pch.HEADER}.gch").exists()

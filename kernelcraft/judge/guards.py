@@ -167,7 +167,7 @@ def _same_function(now, orig) -> bool:
 # name after a move would otherwise silently shrink what this guard watches.
 HARNESS_MODULES = ("kernelcraft.judge.timing", "kernelcraft.judge.compare", "kernelcraft.judge.guards",
                    "kernelcraft.judge.tripwires", "kernelcraft.judge.kerneltrace", "kernelcraft.judge.procs",
-                   "kernelcraft.build.cache", "kernelcraft.judge.worker", "__main__", "json", "json.encoder")
+                   "kernelcraft.builder.cache", "kernelcraft.judge.worker", "__main__", "json", "json.encoder")
 
 
 def _harness_surface(ref_mod) -> dict[str, object]:

@@ -49,7 +49,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from kernelcraft.judge import guards, tripwires  # noqa: E402
-from kernelcraft.build.cache import BuildCache  # noqa: E402
+from kernelcraft.builder.cache import BuildCache  # noqa: E402
 from kernelcraft.devices import arch_for  # noqa: E402
 from kernelcraft.judge.compare import compare_outputs  # noqa: E402
 from kernelcraft.judge.guards import Reject  # noqa: E402

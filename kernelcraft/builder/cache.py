@@ -11,14 +11,14 @@ Design decisions
   leaves a stale lock; torch's own `lock` file found under our flock is by definition stale and removed.
 - The arch list is explicit (`TORCH_CUDA_ARCH_LIST` = the target GPU's capability, `9.0a` on Hopper so
   wgmma is allowed), never torch's "all visible + PTX" default.
-- Cold builds take the fast path of `kernelcraft.build.fastbuild` where it applies: the kernels split from
-  the wrapper (`kernelcraft.build.cusplit`: nvcc compiles them without torch in ~1-2 s, the wrapper joins
+- Cold builds take the fast path of `kernelcraft.builder.fastbuild` where it applies: the kernels split from
+  the wrapper (`kernelcraft.builder.cusplit`: nvcc compiles them without torch in ~1-2 s, the wrapper joins
   main.cpp), else the `.cu` compiled with `torch/types.h` instead of `torch/extension.h` (nvcc 2-3x
   faster), or with no torch header at all when it names nothing of torch. A failure falls back (split ->
   types -> plain), so valid candidates never become compile errors and broken ones report the plain
   build's error.
   The fast path has its own key; `KERNELCRAFT_FASTBUILD=0` turns it off.
-- The host half (main.cpp) is compiled against a precompiled torch/extension.h (`kernelcraft.build.pch`) where
+- The host half (main.cpp) is compiled against a precompiled torch/extension.h (`kernelcraft.builder.pch`) where
   GCC allows it; the flags that adds are chosen at a directory's first build and kept (`.pch`), so a
   cache hit loads the same build. `KERNELCRAFT_PCH=0` turns it off.
 - Compiler output is trimmed to the error lines with a little context: the message is read by a person
@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.utils.cpp_extension as cpp_ext
 
-from kernelcraft.build import fastbuild, pch
+from kernelcraft.builder import fastbuild, pch
 
 _orig_load_inline = cpp_ext.load_inline
 _orig_load = cpp_ext.load

@@ -7,7 +7,7 @@ that three times — EDG in cudafe++ (host side), EDG in cicc (device side) and 
 and ptxas, fatbinary, -O levels and the link are noise. The kernels themselves need almost nothing.
 
 Design decisions
-- First choice where it applies, `split` (`kernelcraft.build.cusplit`): the kernels stay in a torch-free `.cu`,
+- First choice where it applies, `split` (`kernelcraft.builder.cusplit`): the kernels stay in a torch-free `.cu`,
   the wrapper moves to main.cpp, which then starts with the light header set (`pch.HEADERS["light"]`,
   torch/types.h plus the binding's needs, the same accepted risk as `types` below) unless its code needs
   extension.h. nvcc takes ~1-2 s; main.cpp a few seconds with its precompiled header. Any failure of the
@@ -47,9 +47,9 @@ from pathlib import Path
 
 import torch.utils.cpp_extension as cpp_ext
 
-from kernelcraft.build import cusplit, pch
+from kernelcraft.builder import cusplit, pch
 
-_TORCH_LOAD_INLINE = cpp_ext.load_inline  # imported by kernelcraft.build.cache before it patches torch
+_TORCH_LOAD_INLINE = cpp_ext.load_inline  # imported by kernelcraft.builder.cache before it patches torch
 FAST_VERSION = 1  # bump when the rewrite changes: it is part of the cache key
 ENV_SWITCH = "KERNELCRAFT_FASTBUILD"
 SPLIT_SWITCH = "KERNELCRAFT_SPLIT"  # 0: no split (cusplit), the other fast paths stay; notemplates: no kernel templates

@@ -3,7 +3,7 @@
 Why: nvcc's cost in a `load_inline` build is parsing torch's headers, three times (BENCHMARKS.md, "Cold
 build"); the kernels need none of them. A typical LLM candidate (KernelBench's example and everything
 imitating it) keeps kernels and the Tensor wrapper in one `.cu` that includes `torch/extension.h`. Moved
-to main.cpp — compiled by g++ against a precompiled light header set (`kernelcraft.build.pch`) — the wrapper
+to main.cpp — compiled by g++ against a precompiled light header set (`kernelcraft.builder.pch`) — the wrapper
 costs seconds, and nvcc compiles a `.cu` without torch in ~1-2 s.
 
 Design decisions
@@ -46,7 +46,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kernelcraft.build import cutemplates
+from kernelcraft.builder import cutemplates
 
 VERSION = 2  # bump when the split changes: it is part of the build cache key
 # what a split .cu starts with: the CUDA runtime, as nvcc gives any .cu, and the standard headers torch's brings
@@ -58,7 +58,7 @@ PRELUDE = ["#include <cuda.h>", "#include <cuda_runtime.h>",
 LAUNCHER = r"""
 // kernelcraft split build: k<<<grid, block, shmem, stream>>>(args) as nvcc expands it (push the launch
 // configuration, call the kernel's host stub, which nvcc defines in the .cu), with the kernel's own parameter
-// types (see kernelcraft/build/cusplit.py)
+// types (see kernelcraft/builder/cusplit.py)
 extern "C" unsigned __cudaPushCallConfiguration(dim3 gridDim, dim3 blockDim, size_t sharedMem,
                                                 struct CUstream_st* stream);
 template <typename... P>

@@ -21,7 +21,7 @@ Design decisions
   version line.
 - Workers only *use* a PCH; they never make one (a 40-60 s header compile would land on one candidate's
   build clock). The trusted caller makes them: `evaluate` calls `warm` before a candidate that builds,
-  which starts a detached `python -m kernelcraft.build.pch DIR` per missing key, for the usual flag sets (none
+  which starts a detached `python -m kernelcraft.builder.pch DIR` per missing key, for the usual flag sets (none
   and `-O3`; CUDA or not, as the candidate) and returns at once; builds meanwhile compile without it.
   Automatic on hosts with >= 8 cores (`KERNELCRAFT_PCH=auto`, the default), where a core for a minute is
   cheap and builds are many; `KERNELCRAFT_PCH=1` warms anywhere, `0` turns PCHs off. A candidate with
@@ -121,7 +121,7 @@ def warm(root: Path, with_cuda: bool) -> list[Path]:
 
 def _spawn(d: Path) -> None:
     """A detached maker: it outlives this process (a build server or CLI may exit first)."""
-    subprocess.Popen([sys.executable, "-m", "kernelcraft.build.pch", str(d)], cwd=d, start_new_session=True,
+    subprocess.Popen([sys.executable, "-m", "kernelcraft.builder.pch", str(d)], cwd=d, start_new_session=True,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -205,5 +205,5 @@ def _make(d: Path) -> bool:
         return True
 
 
-if __name__ == "__main__":  # python -m kernelcraft.build.pch DIR: what `warm` starts
+if __name__ == "__main__":  # python -m kernelcraft.builder.pch DIR: what `warm` starts
     sys.exit(0 if _make(Path(sys.argv[1])) else 1)

@@ -1,2 +1,0 @@
-"""Build: inline CUDA/C++ extensions compiled once into a content-addressed cache (`cache`), fast
-(`fastbuild`: the split of `cusplit`/`cutemplates`, host headers precompiled by `pch`)."""
