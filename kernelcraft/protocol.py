@@ -33,7 +33,12 @@ WEAKENING = ("screen", "runtime_guards")  # never accepted from a remote caller
 
 
 class ProtocolError(ValueError):
-    """A knob with a bad value or an unknown name (a ValueError: the caller's bug, never a verdict)."""
+    """A knob with a bad value or an unknown name (a ValueError: the caller's bug, never a verdict).
+    `problems` holds (field, what is wrong) pairs, for callers that name fields their own way (the CLI)."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__(describe_problems(problems))
 
 
 class Protocol(BaseModel):
@@ -92,11 +97,16 @@ class Protocol(BaseModel):
         return self.model_dump(mode="json")
 
 
-def _explain(e: ValidationError) -> str:
-    parts = []
+def _explain(e: ValidationError) -> list[tuple[str, str]]:
+    problems = []
     for err in e.errors():
         where = ".".join(str(x) for x in err.get("loc", ())) or "protocol"
-        what = "unknown option" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid")
-        parts.append(f"{where}: {what}" + ("" if err.get("type") == "extra_forbidden" else
-                                           f" (got {err.get('input')!r})"))
-    return "invalid protocol: " + "; ".join(parts)
+        what = ("unknown option" if err.get("type") == "extra_forbidden"
+                else f"{err.get('msg', 'invalid')} (got {err.get('input')!r})")
+        problems.append((where, what))
+    return problems
+
+
+def describe_problems(problems: list[tuple[str, str]], name=lambda field: field) -> str:
+    """One line for a ProtocolError's problems, each field shown as `name(field)`."""
+    return "invalid protocol: " + "; ".join(f"{name(where)}: {what}" for where, what in problems)

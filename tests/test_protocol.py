@@ -92,6 +92,8 @@ def test_cli_spells_each_knob_once_and_keeps_old_spellings(tmp_path):
     assert clash.returncode == 2 and "disagree" in clash.stderr
     bad = _kc("eval", str(TASK), str(cand), "--device", "cpu", "--target-ci", "2")
     assert bad.returncode == 2 and "--target-ci" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    bad = _kc("eval", str(TASK), str(cand), "--device", "cpu", "--build-timeout", "-1")
+    assert bad.returncode == 2 and "--build-timeout:" in bad.stderr and "_" not in bad.stderr.split(":")[1], bad.stderr
     for cmd in ("eval", "optimize", "bench"):
         text = _kc(cmd, "--help").stdout
         for flag in ("--time-budget", "--trials", "--mode", "--timeout", "--remeasure-above"):

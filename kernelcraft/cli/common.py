@@ -19,7 +19,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from kernelcraft.protocol import Protocol, ProtocolError
+from kernelcraft.protocol import Protocol, ProtocolError, describe_problems
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kernelcraft: trustworthy evaluation and automatic optimization of GPU code.")
@@ -43,52 +43,41 @@ def _help(field: str) -> str:
 
 
 DEVICE = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda if visible)")
-MODE = typer.Option(None, help="open | strict (strict: own kernel required; default open)")
-TRIALS = typer.Option(None, min=1, help=_help("trials") + " (default 5)")
-ATOL = typer.Option(None, help=_help("atol"))
-RTOL = typer.Option(None, help=_help("rtol"))
-TIME_BUDGET = typer.Option(None, "--time-budget", help=_help("time_budget_s"))
-EVAL_TIME = typer.Option(None, "--eval-time", hidden=True, help="old name of --time-budget")
-TIMEOUT = typer.Option(None, help=_help("timeout_s"))
-BUILD_TIMEOUT = typer.Option(None, help=_help("build_timeout_s") + " (default 900)")
-REMEASURE_ABOVE = typer.Option(None, help=_help("remeasure_above").replace("(None: never)", "(0: never; default 3)"))
-TARGET_CI = typer.Option(None, help=_help("target_ci") + " (default 0.01)")
-MIN_ROUNDS = typer.Option(None, min=1, help=_help("min_rounds") + " (default 10)")
 
-
-def make_protocol(*, mode: Optional[str] = None, trials: Optional[int] = None, atol: Optional[float] = None,
-                  rtol: Optional[float] = None, time_budget: Optional[float] = None,
-                  eval_time: Optional[float] = None, timeout: Optional[float] = None,
-                  build_timeout: Optional[float] = None, remeasure_above: Optional[float] = None,
-                  target_ci: Optional[float] = None, min_rounds: Optional[int] = None, **extra) -> Protocol:
-    """The Protocol the protocol options describe (what was not given keeps the model's default)."""
-    if time_budget is not None and eval_time is not None and time_budget != eval_time:
-        usage_error("--time-budget and its old name --eval-time disagree: give one")
-    given = dict(mode=mode, trials=trials, atol=atol, rtol=rtol, time_budget_s=time_budget if time_budget is not None
-                 else eval_time, timeout_s=timeout, build_timeout_s=build_timeout, target_ci=target_ci,
-                 min_rounds=min_rounds, **extra)
-    given = {k: v for k, v in given.items() if v is not None}
-    if remeasure_above is not None:
-        given["remeasure_above"] = remeasure_above or None  # 0: never
-    try:
-        return Protocol.make(**given)
-    except ProtocolError as e:
-        names = {"time_budget_s": "--time-budget", "timeout_s": "--timeout", "build_timeout_s": "--build-timeout"}
-        msg = str(e)
-        for field, flag in names.items():
-            msg = msg.replace(f"{field}:", f"{flag}:")
-        for field in ("mode", "trials", "atol", "rtol", "remeasure_above", "target_ci", "min_rounds"):
-            msg = msg.replace(f"{field}:", f"--{field.replace('_', '-')}:")
-        usage_error(msg)
-
-
-PROTOCOL_OPTIONS = {  # parameter name -> (annotation, typer option): the same in every command that judges
-    "trials": (Optional[int], TRIALS), "atol": (Optional[float], ATOL), "rtol": (Optional[float], RTOL),
-    "mode": (Optional[str], MODE), "time_budget": (Optional[float], TIME_BUDGET),
-    "eval_time": (Optional[float], EVAL_TIME), "timeout": (Optional[float], TIMEOUT),
-    "build_timeout": (Optional[float], BUILD_TIMEOUT), "remeasure_above": (Optional[float], REMEASURE_ABOVE),
-    "target_ci": (Optional[float], TARGET_CI), "min_rounds": (Optional[int], MIN_ROUNDS),
+# The protocol's options: parameter name (its flag, with dashes) -> (Protocol field, annotation, typer option).
+# Defaults are None ("not given"): the model owns every default.
+PROTOCOL_OPTIONS = {
+    "trials": ("trials", Optional[int], typer.Option(None, min=1, help=_help("trials") + " (default 5)")),
+    "atol": ("atol", Optional[float], typer.Option(None, help=_help("atol"))),
+    "rtol": ("rtol", Optional[float], typer.Option(None, help=_help("rtol"))),
+    "mode": ("mode", Optional[str], typer.Option(None, help="open | strict (strict: own kernel required; default "
+                                                 "open)")),
+    "time_budget": ("time_budget_s", Optional[float], typer.Option(None, help=_help("time_budget_s"))),
+    "eval_time": ("time_budget_s", Optional[float], typer.Option(None, "--eval-time", hidden=True,
+                                                                 help="old name of --time-budget")),
+    "timeout": ("timeout_s", Optional[float], typer.Option(None, help=_help("timeout_s"))),
+    "build_timeout": ("build_timeout_s", Optional[float], typer.Option(None, help=_help("build_timeout_s")
+                                                                       + " (default 900)")),
+    "remeasure_above": ("remeasure_above", Optional[float], typer.Option(None, help=_help("remeasure_above").replace(
+        "(None: never)", "(0: never; default 3)"))),
+    "target_ci": ("target_ci", Optional[float], typer.Option(None, help=_help("target_ci") + " (default 0.01)")),
+    "min_rounds": ("min_rounds", Optional[int], typer.Option(None, min=1, help=_help("min_rounds") + " (default 10)")),
 }
+_FLAGS = {field: "--" + param.replace("_", "-") for param, (field, _, opt) in PROTOCOL_OPTIONS.items()
+          if not opt.hidden}
+
+
+def make_protocol(**given) -> Protocol:
+    """The Protocol the protocol options describe (`given`: parameter name -> value or None for not given)."""
+    if None not in (given.get("time_budget"), given.get("eval_time")) and given["time_budget"] != given["eval_time"]:
+        usage_error("--time-budget and its old name --eval-time disagree: give one")
+    fields = {PROTOCOL_OPTIONS[param][0]: value for param, value in given.items() if value is not None}
+    if "remeasure_above" in fields:
+        fields["remeasure_above"] = fields["remeasure_above"] or None  # 0: never
+    try:
+        return Protocol.make(**fields)
+    except ProtocolError as e:
+        usage_error(describe_problems(e.problems, lambda field: _FLAGS.get(field, field)))
 
 
 def with_protocol(command):
@@ -100,7 +89,7 @@ def with_protocol(command):
     sig = inspect.signature(command)
     own = [p for name, p in sig.parameters.items() if name != "protocol"]
     added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=ann)
-             for name, (ann, opt) in PROTOCOL_OPTIONS.items()]
+             for name, (_, ann, opt) in PROTOCOL_OPTIONS.items()]
 
     @functools.wraps(command)
     def wrapper(**kwargs):
@@ -110,5 +99,5 @@ def with_protocol(command):
     wrapper.__signature__ = sig.replace(parameters=[p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
                                         + added)
     wrapper.__annotations__ = {k: v for k, v in command.__annotations__.items() if k != "protocol"}
-    wrapper.__annotations__.update({name: ann for name, (ann, _) in PROTOCOL_OPTIONS.items()})
+    wrapper.__annotations__.update({name: ann for name, (_, ann, _) in PROTOCOL_OPTIONS.items()})
     return wrapper

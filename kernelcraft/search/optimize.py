@@ -168,14 +168,13 @@ class _Run:
             db.set_meta("task_source", task.source)
             db.set_meta("created_at", time.time())
         self.protocol = opts.protocol.resolved(device)
-        pinned = (db.get_meta("options") or {}).get("protocol")
-        if pinned is not None and pinned != self.protocol.key():
-            changed = sorted(k for k in set(pinned) | set(self.protocol.key())
-                             if pinned.get(k) != self.protocol.key().get(k))
+        pinned, now = (db.get_meta("options") or {}).get("protocol"), self.protocol.key()
+        if pinned is not None and pinned != now:
+            changed = sorted(k for k in set(pinned) | set(now) if pinned.get(k) != now.get(k))
             raise ValueError(f"{out} holds a run judged under another protocol ({', '.join(changed)} differ): "
                              "resume it with the same options, or use another --out")
         db.set_meta("options", {**{k: v for k, v in asdict(opts).items() if k not in ("policy_options", "protocol")},
-                                "protocol": self.protocol.key()})
+                                "protocol": now})
         self.info = device_info(device)
         db.set_meta("device", self.info.describe())
         self.policy = policy or make_policy(opts.policy, **opts.policy_options)

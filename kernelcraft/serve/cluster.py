@@ -15,7 +15,7 @@ Design decisions
   on a shared filesystem (the cache is flock-safe across hosts) so a build made on one node is found by
   the timing actor on another; without one, a timing actor rebuilds what it does not find (correct,
   slower).
-- The build arch comes from the timing actors (`arch_for` of their GPU); a cluster of mixed GPU
+- The build arch comes from the timing actors (`arch_of` their GPU); a cluster of mixed GPU
   generations builds for the first one found, and the others rebuild in their timing slot.
 - Ray is an optional extra (`pip install kernelcraft[ray]`): this module imports `ray` only when a
   backend is made, so the service can import it without the extra.
@@ -26,7 +26,7 @@ import os
 import socket
 from typing import Callable
 
-from kernelcraft.devices import arch_for
+from kernelcraft.devices import arch_of
 from kernelcraft.evaluate import evaluate, prebuild
 from kernelcraft.serve.pool import Pool
 from kernelcraft.verdict import Verdict
@@ -45,7 +45,7 @@ class _Actor:
         gpu = torch.cuda.is_available()
         return {"host": socket.gethostname(), "pid": os.getpid(),
                 "gpu": torch.cuda.get_device_name(0) if gpu else None,
-                "arch": arch_for(torch.cuda.get_device_capability(0)) if gpu else None}
+                "arch": arch_of("cuda:0") if gpu else None}
 
     def prebuild(self, cand, arch, opts) -> dict | None:
         v = prebuild(cand, arch=arch, cache_dir=self.cache_dir, timeout_s=opts["protocol"].build_timeout_s)
