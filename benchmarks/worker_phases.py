@@ -1,13 +1,14 @@
-"""Where one evaluation's worker time goes: each harness step of `judge.worker.Evaluation` timed in-process.
+"""Where one evaluation's judge time goes: each step of `judge.worker.Evaluation` timed in the judge's process.
 
 Usage:
     python benchmarks/worker_phases.py --task level2/elementwise_chain --mode strict --throughput-candidate
     python benchmarks/worker_phases.py --task level1/conv2d                  # the reference as its own candidate
     python benchmarks/worker_phases.py --task tiny/level1/diag_matmul --candidate my.py --device cpu
 
-Runs the worker's `Evaluation.run()` in this process (no sandbox, no fresh process: a diagnostic, not a
-verdict), `--reps` times, and prints the seconds spent in each step (correctness trials, each guard,
-the own-kernel profile, timing) with a device sync after each, plus the `import torch` time. Every rep
+Runs the judge's `Evaluation.run()` in this process, which forks the two sides as the judge process does (no
+sandbox: a diagnostic, not a verdict), `--reps` times, and prints the seconds spent in each judge step (input
+draws, side requests, timed round trips, freezes, idle probes, comparisons, audits) with a device sync after
+each, plus the `import torch` time. Every rep
 after the first shows the steady state; the first shows one-time costs a fresh worker pays (CUDA
 context, profiler start, lazy module loading), which is what every real evaluation pays.
 The per-phase split of real evaluations is in each verdict's `phases_s`.
@@ -27,17 +28,16 @@ import torch  # noqa: E402
 
 IMPORT_TORCH_S = time.perf_counter() - t0
 
-from kernelcraft.judge import guards, tripwires  # noqa: E402
-from kernelcraft.judge import worker as W  # noqa: E402
+from kernelcraft.judge import isolation, timing, tripwires  # noqa: E402
+from kernelcraft.judge import sideproc, worker as W  # noqa: E402
 from kernelcraft.judge.screen import screen  # noqa: E402
 from kernelcraft.protocol import Protocol  # noqa: E402
 from kernelcraft.task import load_task  # noqa: E402
 
-STEPS = [(guards, "poison_free_memory"), (guards, "check_threads"), (guards, "check_escaped_processes"),
-         (guards.ProcessState, "verify"), (guards.ProcessState, "capture"), (W, "compare_outputs"),
-         (tripwires, "profile_kernels")] + [(W.Evaluation, n) for n in (
-             "make_inputs", "run_ref", "run_cand", "_check_forward_signature", "_construct", "_check_own_kernel",
-             "_check", "_time", "_timing_inputs", "run")]
+STEPS = [(W, "compare_outputs"), (tripwires.SpotChecker, "agrees"), (isolation, "freeze"), (isolation, "thaw"),
+         (isolation.Audit, "problems"), (timing.RoundTripClock, "settle"), (timing.RoundTripClock, "flush"),
+         (sideproc.SideProc, "request"), (sideproc.SideProc, "timed")] + [(W.Evaluation, n) for n in (
+             "_draw", "_write_inputs", "_inputs_intact", "_poison", "_output", "_construct", "_check", "_time", "run")]
 
 
 def instrument(sync) -> tuple[dict, collections.Counter]:
@@ -94,12 +94,21 @@ def main() -> int:
     for rep in range(args.reps):
         spent.clear()
         calls.clear()
-        ev = W.Evaluation(job, W.Channel(os.dup(w), "phases"))
+        sides = {"reference": sideproc.SideProc.fork("reference", [os.getpid()], [w])}
+        sides["candidate"] = sideproc.SideProc.fork("candidate", [os.getpid(), sides["reference"].pid],
+                                             [w, sides["reference"].end.sock.fileno()])
+        ev = W.Evaluation(job, W.Channel(os.dup(w), "phases"), sides, {})
         try:
             res = ev.run()
             outcome = f"correct, {res['timing']['speedup']:.3f}x"
         except BaseException as e:  # noqa: BLE001 - a diagnostic: report and go on
             outcome = f"{type(e).__name__}: {e}"
+        for side in sides.values():
+            try:
+                os.killpg(side.pid, 9)
+                os.waitpid(side.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
         os.read(r, 1 << 20)
         print(f"rep {rep}: {outcome}")
         for label, s in sorted(spent.items(), key=lambda kv: -kv[1]):

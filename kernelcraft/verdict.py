@@ -46,6 +46,7 @@ REASONS = {
     "global_state_tampering": "the candidate changed process-wide torch or Python state",
     "reference_call": "the candidate calls the reference Model",
     "no_custom_kernel": "strict mode: no kernel of the candidate's own ran",
+    "peer_tampering": "* the candidate reached another process of the judge (re-scheduled the reference, ...)",
     "forbidden_construct": "the candidate uses a construct the harness forbids",
     "suspicious_speedup": "the speedup did not reproduce in a fresh worker",
     "harness_error": "* kernelcraft itself failed (a bug: please report it)",
@@ -77,6 +78,16 @@ class Timing(BaseModel):
     host_ref_ms: float | None = None
     host_cand_ms: float | None = None
     spot_checks: int = 0
+    overhead_ms: float | None = Field(None, description="median round trip of an empty request (judge clock), "
+                                      "subtracted from both sides' samples")
+    hidden_work_ms: float | None = Field(None, description="GPU: median device time the candidate left running "
+                                         "after answering, less the reference's (billed to the candidate)")
+    clock: str | None = Field(None, description="whose clock took the samples: 'judge' (a process that runs no "
+                                                "candidate code)")
+    audits: int | None = Field(None, description="isolation audits run during timing (random moments and the end)")
+    busy_probes: int | None = Field(None, description="GPU: idle probes after a call that found the device still "
+                                    "busy (work a side left behind, or another process's)")
+    probe_idle_ms: float | None = Field(None, description="GPU: latency of the judge's idle probe on an idle device")
 
 
 class Env(BaseModel):
@@ -87,6 +98,7 @@ class Env(BaseModel):
     python: str | None = None
     kernel_tracer: str | None = None  # strict mode on a GPU: how kernels were seen ("cupti" or the fallback)
     worker_start: str | None = None  # "fork" (from the zygote) or "spawn"
+    isolation: dict | None = None  # how the candidate's process was fenced off (judge.isolation.describe)
 
 
 class Verdict(BaseModel):
@@ -105,9 +117,10 @@ class Verdict(BaseModel):
     mode: Literal["open", "strict"] = "open"
     guards: list[str] = Field(default_factory=list, description="runtime guards that ran")
     phases_s: dict[str, float] = Field(default_factory=dict, description="seconds per worker phase (spawn = "
-                                       "fork or interpreter start, and on a GPU start = CUDA context, warmup = "
-                                       "kernel tracer start in strict mode; "
-                                       "reference, import, wait_device, init, check, time); empty without a worker")
+                                       "fork or interpreter start and the two sides' forks, and on a GPU start = the "
+                                       "judge's CUDA context; reference, import (the candidate's side: its CUDA "
+                                       "context, strict mode's kernel tracer, the import and its builds), "
+                                       "wait_device, init, check, time); empty without a worker")
     protocol: Protocol | None = Field(None, description="the resolved protocol this verdict was reached under "
                                       "(kernelcraft.protocol); None only for records made without judging")
 

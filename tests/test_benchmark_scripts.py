@@ -17,5 +17,5 @@ def test_worker_phases_reports_each_harness_step(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
     assert "rep 0: correct" in out, out
-    for step in ("Evaluation._check", "Evaluation._time", "ProcessState.verify", "worker.compare_outputs"):
+    for step in ("Evaluation._check", "Evaluation._time", "SideProc.timed", "isolation.freeze", "worker.compare_outputs"):
         assert step in out, (step, out)

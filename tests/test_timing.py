@@ -1,4 +1,4 @@
-"""timing.median_ci on known distributions, and timing.measure with synthetic CPU functions.
+"""timing.median_ci on known distributions, timing.measure with synthetic CPU functions, RoundTripClock on CPU.
 
 The synthetic functions busy-wait on time.perf_counter (more stable than sleep on a loaded 2-core CI box);
 tolerances are generous, and the stable-pair tests take the median of a paired ratio, which a stray
@@ -24,12 +24,20 @@ def spin(ms: float) -> None:
         pass
 
 
-def no_inputs(i):
-    return None, None
-
-
-def no_check(ref_out, cand_out):
+def no_round(i):
     return None
+
+
+def timed(fn):
+    """A `time_*` function: the host time of one call of fn, in ms (what the judge's round trip measures)."""
+    def call():
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return call
+
+
+NULL = timed(lambda: None)
 
 
 # -- median_ci ------------------------------------------------------------------------------------------
@@ -93,9 +101,8 @@ def test_median_ci_narrows_with_n():
 def test_measure_stable_pair_speedup_two():
     """Reference spins ~2 ms, candidate ~1 ms: speedup ≈ 2, converged within the budget, CI within ±target."""
     target = 0.02
-    clock = timing.Clock(CPU)
     t0 = time.perf_counter()
-    res = timing.measure(clock, lambda _: spin(2.0), lambda _: spin(1.0), no_inputs, no_check,
+    res = timing.measure(timed(lambda: spin(2.0)), timed(lambda: spin(1.0)), NULL, no_round, no_round,
                          budget_s=6.0, target=target, min_rounds=10, warmup_s=0.05, seed=3)
     elapsed = time.perf_counter() - t0
     assert res.converged, res
@@ -105,15 +112,31 @@ def test_measure_stable_pair_speedup_two():
     assert hi / res.speedup - 1 <= target + 1e-12 and 1 - lo / res.speedup <= target + 1e-12, res
     assert res.samples >= 10 and res.spot_checks == res.samples
     assert 1.7 < res.ref_ms < 4.0 and 0.85 < res.cand_ms < 3.0, res
-    assert res.method.startswith("cpu")
+    assert res.method.startswith("cpu") and res.clock == "judge"
+    assert 0 <= res.overhead_ms < 0.5
     assert elapsed < 6.0 + 2.0
     rec = res.record()
     assert "ref_samples" not in rec and rec["speedup"] == res.speedup
 
 
+def test_measure_subtracts_the_null_round_trip_from_both_sides():
+    """A fixed 1 ms of overhead on every call (the round trip) is measured by the null call and removed:
+    1.5 ms + 1 ms vs 0.5 ms + 1 ms reads 3x, not 1.67x."""
+    res = timing.measure(timed(lambda: spin(2.5)), timed(lambda: spin(1.5)), timed(lambda: spin(1.0)),
+                         no_round, no_round, budget_s=3.0, target=0.03, min_rounds=10, warmup_s=0.02, seed=4)
+    assert 0.9 < res.overhead_ms < 1.6, res
+    assert 2.2 < res.speedup < 3.8, res
+
+
+def test_measure_floors_differences_below_the_resolution():
+    """Calls no slower than the null round trip: the ratio stays finite (both floored), not inf or negative."""
+    res = timing.measure(timed(lambda: None), timed(lambda: None), timed(lambda: spin(0.2)),
+                         no_round, no_round, budget_s=0.3, target=0.5, min_rounds=10, warmup_s=0.0, seed=1)
+    assert 0.5 < res.speedup < 2.0 and res.ref_ms > 0 and res.cand_ms > 0
+
+
 def test_measure_slower_candidate_has_speedup_below_one():
-    clock = timing.Clock(CPU)
-    res = timing.measure(clock, lambda _: spin(0.5), lambda _: spin(1.5), no_inputs, no_check,
+    res = timing.measure(timed(lambda: spin(0.5)), timed(lambda: spin(1.5)), NULL, no_round, no_round,
                          budget_s=3.0, target=0.05, min_rounds=10, warmup_s=0.02, seed=5)
     assert abs(res.speedup - 1 / 3) / (1 / 3) < 0.2, res
     assert res.ci95[1] < 1.0
@@ -123,10 +146,9 @@ def test_measure_noisy_pair_stops_at_budget_unconverged():
     """A candidate whose time is all over the place never reaches a ±0.1% CI: timing stops at the budget."""
     rng = random.Random(11)
     budget = 0.6
-    clock = timing.Clock(CPU)
     t0 = time.perf_counter()
-    res = timing.measure(clock, lambda _: spin(0.3), lambda _: spin(rng.uniform(0.05, 1.0)),
-                         no_inputs, no_check, budget_s=budget, target=0.001, min_rounds=10, warmup_s=0.02,
+    res = timing.measure(timed(lambda: spin(0.3)), timed(lambda: spin(rng.uniform(0.05, 1.0))), NULL,
+                         no_round, no_round, budget_s=budget, target=0.001, min_rounds=10, warmup_s=0.02,
                          batch=10, seed=9)
     elapsed = time.perf_counter() - t0
     assert not res.converged, res
@@ -137,57 +159,43 @@ def test_measure_noisy_pair_stops_at_budget_unconverged():
     assert lo < hi
 
 
-def test_measure_passes_round_inputs_and_spot_checks_every_round():
-    seen, checks = [], []
-
-    def next_inputs(i):
-        seen.append(i)
-        return ("r", i), ("c", i)
-
-    def check(ref_out, cand_out):
-        assert ref_out[1] == cand_out[1], "both sides of a round get the same round's inputs"
-        checks.append(ref_out)
-
-    clock = timing.Clock(CPU)
-    res = timing.measure(clock, lambda a: a, lambda a: a, next_inputs, check, budget_s=0.2, target=0.5,
+def test_measure_prepares_and_checks_every_round():
+    prepared, checked = [], []
+    res = timing.measure(NULL, NULL, NULL, prepared.append, checked.append, budget_s=0.2, target=0.5,
                          min_rounds=10, warmup_s=0.0, batch=10, seed=0)
-    timed = [i for i in seen if i >= 0]
-    assert timed == list(range(res.samples)), "round indices 0..n-1, warm-up calls negative"
-    assert any(i < 0 for i in seen)
-    assert res.spot_checks == res.samples
-    assert len(checks) == res.samples + sum(1 for i in seen if i < 0)
+    timed_rounds = [i for i in prepared if i >= 0]
+    assert timed_rounds == list(range(res.samples)), "round indices 0..n-1, warm-up rounds negative"
+    assert any(i < 0 for i in prepared)
+    assert checked == prepared, "every prepared round is checked, warm-up included"
 
 
-def test_measure_spot_check_failure_propagates():
+def test_measure_check_failure_propagates():
     class Wrong(Exception):
         pass
 
-    def check(ref_out, cand_out):
-        if ref_out != cand_out:
-            raise Wrong()
-
     calls = {"n": 0}
 
-    def cand(_):
+    def check(i):
         calls["n"] += 1
-        return 0 if calls["n"] < 8 else 1  # goes stale after a few calls
+        if calls["n"] >= 8:  # goes stale after a few rounds
+            raise Wrong()
 
     with pytest.raises(Wrong):
-        timing.measure(timing.Clock(CPU), lambda _: 0, cand, no_inputs, check, budget_s=1.0, warmup_s=0.0)
+        timing.measure(NULL, NULL, NULL, no_round, check, budget_s=1.0, warmup_s=0.0)
 
 
 def test_measure_order_is_randomised_within_rounds():
     order = []
-    clock = timing.Clock(CPU)
-    timing.measure(clock, lambda _: order.append("r"), lambda _: order.append("c"), no_inputs, no_check,
+    timing.measure(timed(lambda: order.append("r")), timed(lambda: order.append("c")), NULL, no_round, no_round,
                    budget_s=0.1, target=0.5, min_rounds=40, warmup_s=0.0, batch=40, seed=2)
     # warm-up runs ref then cand; the timed rounds must contain both orders
     pairs = [tuple(order[i:i + 2]) for i in range(len(order) - 80, len(order), 2)]
     assert ("r", "c") in pairs and ("c", "r") in pairs
 
 
-def test_clock_cpu_time_call():
-    clock = timing.Clock(CPU)
-    ms, host_ms, out = clock.time_call(lambda: (spin(2.0), 42)[1])
-    assert out == 42
-    assert ms == host_ms and 1.9 < ms < 50
+def test_round_trip_clock_cpu_has_no_probe():
+    clock = timing.RoundTripClock(CPU)
+    assert not clock.cuda and clock.settle() == 0.0
+    t0 = clock.now()
+    spin(1.0)
+    assert 0.9 < (clock.now() - t0) / 1e6 < 50

@@ -113,6 +113,19 @@ def _zygote_pids() -> list[int]:
     return [z.proc.pid for z in zygote._ZYGOTES.values() if z.alive]
 
 
+def test_concurrent_evaluations_share_one_zygote(cache_dir, tmp_path):
+    """Nothing per job (the result channel's fd, the worker tag, the running test) may key the zygote: a new
+    one costs seconds of imports (it once made every concurrent evaluation start its own)."""
+    from kernelcraft.evaluate import evaluate_many
+
+    evaluate(TASK, FIXTURES / "legit" / "torch_elementwise.py", cache_dir=cache_dir, **FAST)
+    before = set(_zygote_pids())
+    verdicts = evaluate_many([(TASK, FIXTURES / "legit" / "torch_elementwise.py")] * 3, max_workers=3,
+                             cache_dir=cache_dir, **FAST)
+    assert all(v.status == "correct" and v.env.worker_start == "fork" for v in verdicts)
+    assert set(_zygote_pids()) == before, "a job started a zygote of its own"
+
+
 def test_a_dead_zygote_is_replaced_and_loses_nothing(cache_dir, tmp_path, monkeypatch):
     v = evaluate(TASK, FIXTURES / "legit" / "torch_elementwise.py", cache_dir=cache_dir, **FAST)
     assert v.status == "correct" and v.env.worker_start == "fork"

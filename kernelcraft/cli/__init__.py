@@ -8,7 +8,7 @@ Design decisions
 - One module per group of commands (`judge`: eval, tasks; `optimize`: optimize, report; `bench`;
   `serve`), each registering on the one app of `common`, which also declares the protocol options.
 """
-from kernelcraft.cli import bench, judge, optimize, serve  # noqa: F401  (each registers its commands)
+from kernelcraft.cli import bench, judge, optimize, serve, train, tune  # noqa: F401  (each registers its commands)
 from kernelcraft.cli.common import app
 
 

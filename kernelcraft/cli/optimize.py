@@ -148,7 +148,16 @@ def report_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="HTML file (default RUN_DIR/report.html)"),
     as_json: bool = typer.Option(False, "--json", help="print {report, summary} as JSON (last line)"),
 ):
-    """Write a self-contained HTML report of an optimisation run."""
+    """Write a self-contained HTML report of an optimisation run (or of a training run: its curves)."""
+    from kernelcraft.train import report as train_report
+
+    if train_report.is_train_run(run_dir):
+        path = train_report.write_train_report(run_dir, output)
+        if as_json:
+            print_json({"report": str(path), "summary": train_report.summary_json(run_dir)})
+        else:
+            out.print(f"wrote {path}")
+        return
     try:
         path = write_report(run_dir, output)
     except FileNotFoundError as e:

@@ -1,24 +1,22 @@
-"""Runtime guards: process state a candidate must not change, and memory it must not read back.
-(Tripwires on the candidate's calls and outputs — reference trap, spot checks — are in `tripwires`.)
+"""Candidate-side tripwires on process state: what the candidate did to its own process (names, not proof).
+(Spot checks and kernel evidence are in `tripwires`.)
 
 Design decisions
-- `ProcessState.capture()` runs after the reference is imported and before the candidate is: it records
-  the numeric-precision switches, thread count, default dtype, grad mode, the identity of every clock
-  and timing function, and the identity of every public torch / torch.nn.functional / Tensor callable
-  and every torch.nn module's `forward`. `verify()` compares after every correctness trial and after
-  timing; a difference is a rejection with the reason code of what changed. Comparing identities
-  catches monkey-patching whatever the patch does, at import or inside forward.
-- Precision switches (TF32, reduced-precision reductions, matmul precision, default dtype) and the
-  thread count are rejected, not restored: they change what the candidate computes or how fast the
-  reference runs. `cudnn.benchmark` is a legitimate candidate-side choice: the reference always runs
-  with the value from the snapshot (`reference_context`).
-- Memory poisoning: after the side that runs first, every free block of the CUDA caching allocator is
-  filled with NaN, so a candidate that returns `torch.empty(...)` hoping to find the reference's freed
-  result finds NaN instead. Trials alternate which side runs first.
+- Judge v2: these run in the candidate's own process, where nothing of the judge or the reference lives. A
+  candidate can silence them; that earns nothing, since the judge decides correctness and timing in another
+  process. They stay because they name attempted cheats cheaply (hack tables, RL diagnostics), and the
+  judge trusts what they report only as bad news.
+- `ProcessState.capture()` runs before the candidate is imported: it records the numeric-precision switches,
+  thread count, default dtype, grad mode, the identity of every clock and timing function, and the identity
+  of every public torch / torch.nn.functional / Tensor callable and every torch.nn module's `forward`.
+  `verify()` compares after every correctness trial and at the end; a difference is a rejection with the
+  reason code of what changed. Comparing identities catches monkey-patching whatever the patch does.
+- Precision switches (TF32, reduced-precision reductions, matmul precision, default dtype) and the thread
+  count are rejected, not restored: they change what the candidate computes. `cudnn.benchmark` is a
+  legitimate candidate-side choice (the reference runs in its own process with its own settings).
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -167,7 +165,10 @@ def _same_function(now, orig) -> bool:
 # name after a move would otherwise silently shrink what this guard watches.
 HARNESS_MODULES = ("kernelcraft.judge.timing", "kernelcraft.judge.compare", "kernelcraft.judge.guards",
                    "kernelcraft.judge.tripwires", "kernelcraft.judge.kerneltrace", "kernelcraft.judge.procs",
-                   "kernelcraft.builder.cache", "kernelcraft.judge.worker", "__main__", "json", "json.encoder")
+                   "kernelcraft.builder.cache", "kernelcraft.judge.worker", "kernelcraft.judge.side",
+                   "kernelcraft.judge.wire", "kernelcraft.judge.arena", "kernelcraft.judge.isolation",
+                   "kernelcraft.judge.sideproc",
+                   "__main__", "json", "json.encoder")
 
 
 def _harness_surface(ref_mod) -> dict[str, object]:
@@ -249,39 +250,6 @@ class ProcessState:
                 raise Reject("rejected", [code], "the candidate patched the harness or the reference: "
                              + ", ".join(changed[:5]))
 
-    def enter_reference(self) -> None:
-        """Before an (untimed-overhead) reference call: the snapshot's cudnn.benchmark; returns nothing."""
-        self._cand_benchmark = torch.backends.cudnn.benchmark
-        torch.backends.cudnn.benchmark = self.cudnn_benchmark
-
-    def leave_reference(self) -> None:
-        torch.backends.cudnn.benchmark = getattr(self, "_cand_benchmark", torch.backends.cudnn.benchmark)
-
-    @contextlib.contextmanager
-    def reference_context(self):
-        """Run the reference with the snapshot's cudnn.benchmark, whatever the candidate chose."""
-        self.enter_reference()
-        try:
-            yield
-        finally:
-            self.leave_reference()
-
-
-def poison_free_memory(device: torch.device) -> None:
-    """Fill every free block of the CUDA caching allocator with NaN (no-op on CPU)."""
-    if device.type != "cuda":
-        return
-    held = []
-    try:
-        for seg in torch.cuda.memory_snapshot():
-            for blk in seg.get("blocks", []):
-                if blk.get("state") == "inactive" and blk.get("size", 0) >= 512:
-                    n = blk["size"] // 4
-                    held.append(torch.full((n,), float("nan"), dtype=torch.float32, device=device))
-    except RuntimeError:
-        pass
-    del held
-
 
 def check_hooks() -> None:
     """Interpreter hooks (sys.setprofile/settrace, sys.monitoring) let code run later, inside the harness,
@@ -315,9 +283,10 @@ def check_threads(state: "ProcessState", candidate_path: str) -> None:
                          f"a thread started by the candidate ({t.name}) is still running after forward returned")
 
 
-def check_escaped_processes() -> None:
+def check_escaped_processes(exclude: frozenset[int] = frozenset()) -> None:
     """Processes started by the candidate that left the worker's session (setsid, daemonised): killpg
-    cannot reach them, so they would outlive the evaluation."""
+    cannot reach them, so they would outlive the evaluation. `exclude`: the judge's own processes (the judge
+    and the other side carry the same tag when the judge was spawned, and live in sessions of their own)."""
     tag = os.environ.get(WORKER_TAG_VAR)
     if not tag:
         return
@@ -325,7 +294,7 @@ def check_escaped_processes() -> None:
     escaped = []
     # tagged: started through exec with our environment; descendants: forked without exec (a forked
     # worker is a child subreaper, so detached ones stay in its tree)
-    for pid in sorted(set(tagged_processes(tag)) | set(descendants(os.getpid()))):
+    for pid in sorted((set(tagged_processes(tag)) | set(descendants(os.getpid()))) - set(exclude)):
         try:
             if os.getsid(pid) != sid:
                 escaped.append(pid)

@@ -14,6 +14,7 @@ import os
 import signal
 
 WORKER_TAG_VAR = "KERNELCRAFT_WORKER_TAG"
+CHANNEL_FD_VAR = "KERNELCRAFT_CHANNEL_FD"  # the judge process's result channel (spawned workers; forked ones get it passed)
 
 
 def tagged_processes(tag: str) -> list[int]:

@@ -12,6 +12,8 @@ Design decisions
 - Results come on a private pipe as JSON lines carrying a nonce the caller made; anything else on it is
   ignored, and more than `MAX_CHANNEL_BYTES` kills the worker. stdout/stderr go to a log file whose tail
   (faulthandler's trace, a CUDA message) explains crashes.
+- OpenMP waits passively (`OMP_WAIT_POLICY=passive`, `KMP_BLOCKTIME=0`) in every process of an
+  evaluation: spinning threads frozen between calls made CPU timings meaningless. Both sides run so.
 - Caches are shared through the environment: torch extensions, Triton and Inductor caches live under
   the kernelcraft cache directory, so a second evaluation of the same candidate skips its builds.
 """
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelcraft.judge import sandbox, zygote
-from kernelcraft.judge.procs import WORKER_TAG_VAR, kill_tagged
+from kernelcraft.judge.procs import CHANNEL_FD_VAR, WORKER_TAG_VAR, kill_tagged
 
 MAX_CHANNEL_BYTES = 16 << 20
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding kernelcraft/
@@ -74,6 +76,11 @@ def worker_env(root: Path, visible_gpu: str | None) -> dict:
     env.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
+    # OpenMP threads that spin after a parallel region (libgomp's default) and are then frozen with their side
+    # (SIGSTOP between calls) stall the next call by tens of milliseconds: sleep-waiting is forced for every
+    # process of an evaluation (read when libgomp loads, i.e. at `import torch` in the zygote/judge)
+    env["OMP_WAIT_POLICY"] = "passive"
+    env["KMP_BLOCKTIME"] = "0"
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if visible_gpu is not None:
@@ -92,7 +99,7 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
     t_start = time.monotonic()
     with open(log_path, "wb") as log:
         tag = secrets.token_hex(12)  # inherited by all the worker starts, also what leaves its process group
-        env = {**worker_env(root, visible_gpu), WORKER_TAG_VAR: tag}
+        env = {**worker_env(root, visible_gpu), WORKER_TAG_VAR: tag, CHANNEL_FD_VAR: str(w_fd)}
         proc, bwrapped = _fork(env, work_dir, root, log.fileno(), w_fd), False
         if proc is not None:
             out.start = "fork"

@@ -1,26 +1,23 @@
-"""Timing: reference and candidate, paired, interleaved, on fresh inputs, until the speedup is known.
+"""Timing: the judge's clock around each side's round trip, paired and interleaved, until the speedup is known.
 
 Design decisions
-- The clocks are bound at import of this module (`perf_counter_ns`, and on GPU `torch.cuda.Event`,
-  `Event.record`, `Event.elapsed_time`, `torch.cuda.synchronize`). The worker imports it before any
-  candidate code, so a candidate that patches `time` or `torch.cuda` later does not reach these.
-- One *round* times both sides once, in random order, on the same input values. The two calls of a round
-  share conditions (clocks, temperature, neighbours), so their ratio is a low-noise *paired* sample.
-  The speedup is the median of the per-round ratios; its 95% CI comes from order statistics of those
-  ratios (distribution-free). Rounds continue in batches until the CI is within ±target (default 1%)
-  or the time budget is spent. `ref_ms`/`cand_ms` are the medians of each side (so their quotient can
-  differ slightly from the paired estimate).
-- GPU: before each timed call the L2 is flushed (a buffer of 2×L2 is zeroed) and the *device* is
-  synchronized; the call is bracketed by CUDA events on the current stream, followed by a device-wide
-  synchronize and a host clock read. Samples are the event times (host jitter would blur them), but
-  both clocks are kept: if the candidate's host time exceeds its event time by clearly more than the
-  reference's does, device work ran where the events could not see it (another stream). Then the
-  host times (less the calibrated sync overhead) are used for both sides, and a large gap is
-  reported as `hidden_work_ms` for the worker to reject.
-- CPU: host clock around the call, same pairing. No cache flush (documented limitation).
-- Every round's candidate output is compared with that round's reference output (`spot_check`), so an
-  answer cached from an earlier call fails; `next_inputs` supplies values that were never seen before
-  at fixed addresses (see the worker).
+- The clock is the judge's. A sample is the judge's host time from "thaw the side, send `run`" until "the
+  side is frozen again and, on a GPU, the judge's own probe kernel answers at idle speed"
+  (`RoundTripClock.settle`). The side ran forward, copied its outputs into the judge's arena and
+  synchronized its device in between; device work it left running after `done` is billed to it (also
+  what ran while it was being frozen), and the other side's turn starts on an idle device. Nothing a
+  side reports is a time.
+- Overhead is symmetric and stated: the same round trip with an empty request (`null`, answered by the
+  reference's process) is timed every round, and its median (`overhead_ms`) is subtracted from both
+  sides' samples before their ratio is taken; a difference below the clock's resolution is floored at
+  `RESOLUTION_FLOOR` of the overhead, so tiny kernels read as "too small to tell", not as infinite.
+- One *round* times both sides once, in random order, on the same fresh input values; its ratio is a
+  paired sample. The speedup is the median of the per-round ratios; its 95% CI comes from order
+  statistics (distribution-free). Rounds continue in batches until the CI is within ±target or the time
+  budget is spent. GPU: the L2 is flushed by the judge before every timed call.
+- `measure` knows nothing of processes: it takes functions that time one call (`time_ref`, `time_cand`,
+  `time_null`), prepare a round (`next_round`) and check it (`check_round`), so its statistics are tested
+  with synthetic functions.
 """
 from __future__ import annotations
 
@@ -35,10 +32,9 @@ import torch
 
 _perf_ns = time.perf_counter_ns
 _cuda_sync = torch.cuda.synchronize
-_Event = torch.cuda.Event
-_event_record = torch.cuda.Event.record
-_event_elapsed = torch.cuda.Event.elapsed_time
 _Z = 1.959963984540054
+RESOLUTION_FLOOR = 0.05  # a side's overhead-corrected time is at least this share of the round-trip overhead
+SETTLE_LIMIT_S = 30.0  # a device still busy this long after `done` is a rejection, not a sample
 
 
 @dataclass
@@ -55,7 +51,9 @@ class TimingResult:
     host_ref_ms: float
     host_cand_ms: float
     spot_checks: int
+    overhead_ms: float = 0.0
     hidden_work_ms: float = 0.0
+    clock: str = "judge"
     ref_samples: list[float] = field(repr=False, default_factory=list)
     cand_samples: list[float] = field(repr=False, default_factory=list)
 
@@ -85,61 +83,68 @@ def _quartiles(v: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-class Clock:
-    """Times one call on one device: events + device sync on GPU, host clock on CPU."""
+class DeviceBusy(Exception):
+    """The device stayed busy long after a side said `done`."""
+
+
+class RoundTripClock:
+    """The judge's clock: host time around a side's round trip; on a GPU, L2 flush and the idle probe."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
-        self.sync_overhead_ms = 0.0
+        self.idle_ms = 0.0
+        self.busy_ms = 0.0
+        self.busy_probes = 0  # probes that found the device busy (work left behind, or another process's)
         if self.cuda:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) or (50 << 20)
             self.flush_buf = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.int32, device=device)
-            self.start, self.end = _Event(enable_timing=True), _Event(enable_timing=True)
-            self.sync_overhead_ms = self._calibrate()
+            self.probe_buf = torch.zeros(1, dtype=torch.int32, device=device)
+            self.calibrate()
 
-    def _calibrate(self) -> float:
-        """Median host time of an empty bracket: what a sample's host time carries beyond the work."""
-        vals = []
-        for _ in range(20):
-            _cuda_sync()
-            t0 = _perf_ns()
-            _event_record(self.start)
-            _event_record(self.end)
-            _cuda_sync()
-            vals.append((_perf_ns() - t0) / 1e6)
-        return statistics.median(vals)
-
-    def sync(self):
-        if self.cuda:
-            _cuda_sync()
-
-    def time_call(self, fn: Callable[[], object]) -> tuple[float, float, object]:
-        """(sample_ms, host_ms, output) for one call."""
-        if not self.cuda:
-            t0 = _perf_ns()
-            out = fn()
-            ms = (_perf_ns() - t0) / 1e6
-            return ms, ms, out
-        self.flush_buf.zero_()
-        _cuda_sync()
+    def _probe(self) -> float:
         t0 = _perf_ns()
-        _event_record(self.start)
-        out = fn()
-        _event_record(self.end)
+        self.probe_buf.add_(1)
         _cuda_sync()
-        host_ms = (_perf_ns() - t0) / 1e6
-        event_ms = _event_elapsed(self.start, self.end)
-        return event_ms, host_ms, out
+        return (_perf_ns() - t0) / 1e6
+
+    def calibrate(self) -> None:
+        """Idle latency of the probe (a 1-element add + sync in the judge's own context)."""
+        for _ in range(5):
+            self._probe()
+        vals = sorted(self._probe() for _ in range(41))
+        self.idle_ms = statistics.median(vals)
+        self.busy_ms = max(3 * self.idle_ms, self.idle_ms + 0.03)
+
+    def flush(self) -> None:
+        if self.cuda:
+            self.flush_buf.zero_()
+            _cuda_sync()
+
+    def now(self) -> int:
+        return _perf_ns()
+
+    def settle(self) -> float:
+        """GPU: probe until the device answers at idle speed; returns the ms spent beyond one idle probe
+        (work some side left running). CPU: 0."""
+        if not self.cuda:
+            return 0.0
+        t0 = _perf_ns()
+        while self._probe() > self.busy_ms:
+            self.busy_probes += 1
+            if (_perf_ns() - t0) / 1e9 > SETTLE_LIMIT_S:
+                raise DeviceBusy(f"the device was still busy {SETTLE_LIMIT_S:g} s after the call returned")
+        return max(0.0, (_perf_ns() - t0) / 1e6 - self.idle_ms)
 
 
 def measure(
-    clock: Clock,
-    run_ref: Callable[[object], object],
-    run_cand: Callable[[object], object],
-    next_inputs: Callable[[int], tuple[object, object]],
-    spot_check: Callable[[object, object], None],
+    time_ref: Callable[[], float],
+    time_cand: Callable[[], float],
+    time_null: Callable[[], float],
+    next_round: Callable[[int], None],
+    check_round: Callable[[int], None],
     *,
+    cuda: bool = False,
     budget_s: float = 3.0,
     target: float = 0.01,
     min_rounds: int = 10,
@@ -147,61 +152,50 @@ def measure(
     warmup_s: float = 0.2,
     batch: int = 10,
     seed: int = 0,
-    prepare: Callable[[str], None] | None = None,
 ) -> TimingResult:
-    """Paired, interleaved timing until the speedup CI is within ±target or `budget_s` is spent.
+    """Paired, interleaved rounds until the speedup CI is within ±target or `budget_s` is spent.
 
     At least `min_rounds` rounds are timed unless that would take over 3× the budget (slow forwards).
-
-    `next_inputs(i)` returns (ref_args, cand_args) for round i; `spot_check(ref_out, cand_out)` raises
-    if the candidate's output of a timed call is wrong; `prepare("ref" | "cand")` runs before each side's
-    call, outside the timed region. Both sides are timed through identical code paths.
+    `next_round(i)` puts round i's fresh inputs in place (warm-up rounds are negative); `time_*()` time one
+    call each (ms, overhead included); `check_round(i)` raises when round i's outputs or inputs are wrong.
     """
     rng = random.Random(seed)
-    prepare = prepare or (lambda side: None)
-
-    def time_ref(args):
-        prepare("ref")
-        return clock.time_call(lambda: run_ref(args))
-
-    def time_cand(args):
-        prepare("cand")
-        return clock.time_call(lambda: run_cand(args))
-    # warm-up: both sides, until each has run 3 times and warmup_s has passed (capped at 50 calls)
     t_end = _perf_ns() + int(warmup_s * 1e9)
-    for i in range(50):
-        ref_args, cand_args = next_inputs(-1 - i)
-        prepare("ref")
-        r_out = run_ref(ref_args)
-        prepare("cand")
-        spot_check(r_out, run_cand(cand_args))
-        clock.sync()
+    for i in range(50):  # warm-up: until both sides ran 3 times and warmup_s has passed
+        next_round(-1 - i)
+        time_ref(), time_cand()
+        check_round(-1 - i)
         if i >= 2 and _perf_ns() > t_end:
             break
 
-    ref_s, cand_s, ref_h, cand_h, ratios = [], [], [], [], []
+    ref_h, cand_h, nulls = [], [], []
     start = _perf_ns()
     deadline = start + int(budget_s * 1e9)
     hard_deadline = start + int(3 * max(budget_s, 1.0) * 1e9)  # min_rounds yields to this
     converged = False
-    checks = 0
     rounds = 0
+
+    def ratios_now():
+        o = statistics.median(nulls)
+        floor = max(RESOLUTION_FLOOR * o, 1e-6)
+        refs = [max(r - o, floor) for r in ref_h]
+        cands = [max(c - o, floor) for c in cand_h]
+        return refs, cands, [r / c for r, c in zip(refs, cands)], o
+
     while rounds < max_rounds:
         for _ in range(batch):
-            ref_args, cand_args = next_inputs(rounds)
+            next_round(rounds)
             if rng.random() < 0.5:
-                r, rh, r_out = time_ref(ref_args)
-                c, ch, c_out = time_cand(cand_args)
+                r = time_ref()
+                c = time_cand()
             else:
-                c, ch, c_out = time_cand(cand_args)
-                r, rh, r_out = time_ref(ref_args)
-            prepare("cand")
-            spot_check(r_out, c_out)
-            checks += 1
-            del r_out, c_out
-            ref_s.append(r), cand_s.append(c), ref_h.append(rh), cand_h.append(ch)
-            ratios.append(r / max(c, 1e-6))
+                c = time_cand()
+                r = time_ref()
+            nulls.append(time_null())
+            check_round(rounds)
+            ref_h.append(r), cand_h.append(c)
             rounds += 1
+        _, _, ratios, _ = ratios_now()
         med, lo, hi = median_ci(ratios)
         if rounds >= min_rounds and hi / med - 1 <= target and 1 - lo / med <= target:
             converged = True
@@ -209,23 +203,15 @@ def measure(
         now = _perf_ns()
         if now > deadline and (rounds >= min_rounds or (now > hard_deadline and rounds >= 3)):
             break
-    method = ("cuda: L2 flush, CUDA events + device-wide sync, host-clock cross-check; paired rounds"
-              if clock.cuda else "cpu: host perf_counter; paired rounds")
-    hidden = 0.0
-    if clock.cuda:
-        gap = lambda h, e: statistics.median(x - y for x, y in zip(h, e))  # noqa: E731
-        hidden = gap(cand_h, cand_s) - gap(ref_h, ref_s)
-        cand_med = statistics.median(cand_s)
-        if hidden > max(0.1 * cand_med, 0.02):  # device work the candidate's events missed
-            o = clock.sync_overhead_ms
-            ref_s = [max(h - o, e) for h, e in zip(ref_h, ref_s)]
-            cand_s = [max(h - o, e) for h, e in zip(cand_h, cand_s)]
-            ratios = [r / max(c, 1e-6) for r, c in zip(ref_s, cand_s)]
-            method += "; host times used (device work outlived the candidate's stream)"
+    refs, cands, ratios, overhead = ratios_now()
     med, lo, hi = median_ci(ratios)
+    method = ("cuda: judge host clock around each side's round trip (thaw, run, outputs copied, device sync, "
+              "judge's idle probe), L2 flush, other side frozen; paired rounds, round-trip overhead subtracted"
+              if cuda else "cpu: judge host clock around each side's round trip, other side frozen; paired "
+              "rounds, round-trip overhead subtracted")
     return TimingResult(
-        ref_ms=statistics.median(ref_s), cand_ms=statistics.median(cand_s), speedup=med, ci95=(lo, hi),
+        ref_ms=statistics.median(refs), cand_ms=statistics.median(cands), speedup=med, ci95=(lo, hi),
         samples=rounds, converged=converged, method=method,
-        ref_spread_ms=_quartiles(ref_s), cand_spread_ms=_quartiles(cand_s),
+        ref_spread_ms=_quartiles(refs), cand_spread_ms=_quartiles(cands),
         host_ref_ms=statistics.median(ref_h), host_cand_ms=statistics.median(cand_h),
-        spot_checks=checks, hidden_work_ms=hidden, ref_samples=ref_s, cand_samples=cand_s)
+        spot_checks=rounds, overhead_ms=overhead, ref_samples=refs, cand_samples=cands)

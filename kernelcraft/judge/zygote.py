@@ -49,7 +49,8 @@ ENV_SWITCH = "KERNELCRAFT_ZYGOTE"
 # read by the child (or lazily, after the fork), never at import: they may differ between forks of one zygote
 # (PYTEST_CURRENT_TEST names the running test: keyed on, it cost every test a new zygote, ~5 s of imports)
 PER_JOB_ENV = ("CUDA_VISIBLE_DEVICES", "KERNELCRAFT_WORKER_TAG", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR",
-               "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "MAX_JOBS", "PYTEST_CURRENT_TEST")
+               "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "MAX_JOBS", "PYTEST_CURRENT_TEST",
+               "KERNELCRAFT_CHANNEL_FD")  # the last: a spawned judge's result channel, a different fd per job
 MAX_ZYGOTES = 3  # distinct environments kept; an idle one goes first
 READY_TIMEOUT_S = 180.0
 MAX_MSG = 1 << 20

@@ -18,6 +18,7 @@ TOKEN_TECHNIQUES = {
     "rewrite:dead_code": "dead/recomputed op removal",
     "rewrite:inplace": "in-place elementwise ops",
     "triton": "fusion (Triton elementwise kernel)",
+    "tuned": "tuned Triton kernel (GEMM + epilogue or row norm template)",
     "compile:default": "torch.compile (default)",
     "compile:max-autotune-no-cudagraphs": "torch.compile (max-autotune-no-cudagraphs)",
     "compile:max-autotune": "torch.compile (max-autotune)",

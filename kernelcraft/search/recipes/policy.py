@@ -9,6 +9,11 @@ Design decisions
   reference's graph, conv-only tokens for conv nets, GPU-only tokens (CUDA graphs, reduce-overhead,
   max-autotune, Triton, cudnn) on GPUs. Exclusions: one compile mode at most; compile excludes CUDA-graph
   capture and Triton fusion (the compiler does both itself: those recipes are for the eager path).
+- `tuned` (GPU, alone): when the reference is one tunable template instance (`tunematch`: GEMM +
+  epilogue, row softmax/norm), the forward becomes that Triton kernel with the configuration
+  `tunable.lookup_config` finds — one `kernelcraft tune` recorded for this kernel and shape (or the
+  nearest shape), the H100 benchmark's, else the template's default. The recipe reads tuned
+  configurations as data; it cannot run the tuner, which sits above the search.
 - Recipes build on the reference model, so they cannot meet `--mode strict` (own kernels only, no
   reference): the policy refuses strict runs instead of proposing candidates that must fail.
 - The search is driven by the contrastive exemplars, not a fixed script. Each proposal starts from a
@@ -34,12 +39,12 @@ from __future__ import annotations
 import math
 import threading
 
-from kernelcraft.search.recipes import render, rewrite
+from kernelcraft.search.recipes import render, rewrite, tunable, tunetemplates
 from kernelcraft.search.policies import Context, PolicyError, Proposal
 from kernelcraft.search.techniques import techniques
 
 COMPILE = [f"compile:{m}" for m in render.COMPILE_MODES]
-GPU_ONLY = {"cudagraph", "compile:reduce-overhead", "compile:max-autotune", "cudnn_benchmark", "triton"}
+GPU_ONLY = {"cudagraph", "compile:reduce-overhead", "compile:max-autotune", "cudnn_benchmark", "triton", "tuned"}
 PRECISION = {"bf16"}
 CONV_ONLY = {"channels_last", "cudnn_benchmark"}
 BASELINES = {"cuda": ["compile:default", "cudagraph"], "cpu": ["compile:default"]}
@@ -50,7 +55,7 @@ PRIORS = {
              "rewrite:fold_scalars": 0.2, "rewrite:inplace": 0.05, "triton": 0.25, "compile:default": 0.3,
              "compile:max-autotune-no-cudagraphs": 0.3, "compile:max-autotune": 0.35,
              "compile:reduce-overhead": 0.4, "cudagraph": 0.3, "channels_last": 0.1, "cudnn_benchmark": 0.1,
-             "bf16": 0.6},
+             "bf16": 0.6, "tuned": 0.3},
     "cpu": {"rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0, "rewrite:dead_code": 0.3,
             "rewrite:fold_scalars": 0.15, "rewrite:inplace": 0.05, "channels_last": 0.1, "compile:default": 0.08,
             "compile:max-autotune-no-cudagraphs": 0.04, "bf16": 0.0},
@@ -93,7 +98,7 @@ class RecipesPolicy:
         a = self.analysis(ctx)
         kind = ctx.device.kind
         toks = [f"rewrite:{r}" for r in a.rules] + COMPILE + ["cudagraph", "channels_last", "cudnn_benchmark",
-                                                              "triton", "bf16"]
+                                                              "triton", "bf16"] + (["tuned"] if a.tunable else [])
         out = []
         for t in toks:
             if kind != "cuda" and t in GPU_ONLY:
@@ -114,6 +119,8 @@ class RecipesPolicy:
         if not recipe:
             return False
         a = self.analysis(ctx)
+        if "tuned" in recipe:  # the whole forward is one tuned Triton kernel: nothing composes with it
+            return len(recipe) == 1 and bool(a.tunable)
         modes = [t for t in recipe if t.startswith("compile:")]
         if len(modes) > 1 or (modes and ("cudagraph" in recipe or "triton" in recipe)):
             return False  # the compiler captures graphs and fuses elementwise ops itself
@@ -126,6 +133,10 @@ class RecipesPolicy:
 
     def render(self, recipe, ctx: Context) -> str:
         a = self.analysis(ctx)
+        if "tuned" in recipe:
+            match = tunable.Match.from_json(a.tunable[0])
+            config, origin = tunable.lookup_config(match.kernel, match.shape)
+            return tunetemplates.candidate_source(ctx.task.source, match, config, note=origin)
         return render.render(ctx.task.source, sorted(recipe), a, output_dtypes=a.features.get("output_dtypes"))
 
     # -- the search --------------------------------------------------------------------------------

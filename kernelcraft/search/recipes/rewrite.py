@@ -25,7 +25,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from kernelcraft.search.recipes import tritonfuse
+from kernelcraft.search.recipes import tritonfuse, tunematch
 from kernelcraft.search.recipes.fxrules import RULE_ORDER, RULES, _dtype, _torch
 
 REF_MODULE = "kc_reference"
@@ -39,6 +39,7 @@ class Analysis:
     rules: list[str] = field(default_factory=list)
     features: dict = field(default_factory=dict)
     variants: dict[str, dict] = field(default_factory=dict)  # "a+b" -> {"code", "prelude", "triton"}
+    tunable: list[dict] = field(default_factory=list)  # tunematch.Match records: the `tuned` recipe's kernels
 
     def variant(self, rules) -> dict | None:
         return self.variants.get(variant_key(rules))
@@ -212,6 +213,10 @@ def run_analysis(source: str) -> dict:
         return dict(traced=False, error=f"symbolic_trace failed: {type(e).__name__}: {str(e)[:300]}",
                     features=_features(model, None, inputs))
     result = dict(traced=True, error=None, rules=[], features=_features(model, gm, inputs), variants={})
+    try:
+        result["tunable"] = [m.to_json() for m in tunematch.match(gm, model)]
+    except Exception:  # a pattern the matcher cannot read is no match, never a failed analysis
+        result["tunable"] = []
     applicable = []
     for rule in RULE_ORDER:
         trial = _trace(model, inputs)

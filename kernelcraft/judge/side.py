@@ -1,0 +1,316 @@
+"""A side: the process that runs one model (the reference, or the candidate) for the judge, and nothing else.
+
+Design decisions
+- Forked by the judge before it touches CUDA (torch imported, stdin and the result channel closed,
+  hardened by `isolation.harden_side`), a side serves commands from its wire: import the module,
+  construct the model, map input/output arenas, run forward, report. It holds no clock, no other side's
+  data and no verdict; the candidate's side never sees the reference module or the input seeds.
+- A run reads the arena's input views, calls forward, copies every output into the output arena and
+  (GPU) synchronizes the device before answering `done`: the copy happens inside the call the judge
+  times, so a lazy output is paid for there.
+- The candidate's side keeps the old in-process tripwires (process-state snapshot, interpreter hooks,
+  leftover threads, output snapshot before the device sync, plain-tensor outputs, strict mode's
+  own-kernel evidence). The judge trusts what a side says only when it is bad news: a candidate can
+  silence a tripwire in its own process, but that earns it nothing, because correctness and timing are
+  decided by the judge alone. The tripwires name attempted cheats (for hack tables), they do not keep
+  numbers honest.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+from kernelcraft.builder.cache import BuildCache
+from kernelcraft.devices import arch_for
+from kernelcraft.judge import arena, guards, isolation, tripwires
+from kernelcraft.judge.compare import has_real_storage, is_plain_tensor
+from kernelcraft.judge.guards import Reject
+from kernelcraft.judge.wire import SideEnd
+
+_MAX_MSG = 4000
+
+
+def _trim(text: str) -> str:
+    return text if len(text) <= _MAX_MSG else text[: _MAX_MSG // 2] + "\n...\n" + text[-_MAX_MSG // 2:]
+
+
+def describe_exception(exc: BaseException, path: str | None = None) -> str:
+    """The exception and the frames in the module's own file (where the author can act)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if path and f.filename == path]
+    lines = [f"{type(exc).__name__}: {exc}"]
+    for f in own[-4:]:
+        lines.append(f"  candidate line {f.lineno}, in {f.name}: {(f.line or '').strip()}")
+    return _trim("\n".join(lines))
+
+
+def classify(exc: BaseException, phase: str, path: str, build: BuildCache | None) -> Reject:
+    if isinstance(exc, Reject):
+        return exc
+    if build is not None and build.failure is not None and phase == "import":
+        return Reject("compile_error", ["build_failed"], _trim(build.failure.log))
+    if isinstance(exc, SyntaxError) and phase == "import":
+        return Reject("compile_error", ["parse_error"], f"SyntaxError: {exc.msg} (line {exc.lineno})")
+    text = f"{type(exc).__name__}: {exc}"
+    msg = describe_exception(exc, path)
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text:
+        return Reject("runtime_error", ["out_of_memory"], f"out of memory during {phase}: {msg}")
+    if "CUDA error" in text or "cudaError" in text or type(exc).__name__ == "AcceleratorError":
+        return Reject("runtime_error", ["cuda_error"], f"CUDA error during {phase}: {msg}")
+    return Reject("runtime_error", ["exception"], f"exception during {phase}: {msg}")
+
+
+def _import_file(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Side:
+    def __init__(self, role: str, end: SideEnd):
+        self.role, self.end = role, end
+        self.phase = "start"
+        self.model = None
+        self.inputs: list = []
+        self.values: list = []
+        self.outs: list = []
+        self.out_kind = "tensor"
+        self.build: BuildCache | None = None
+        self.state = None
+        self.path = ""
+        self.guards: list[str] = []
+        self.peers: frozenset[int] = frozenset()  # the judge and the other side: not the candidate's processes
+
+    # -- commands ---------------------------------------------------------------------------------------
+    def cmd_import(self, msg: dict, fds) -> dict:
+        self.phase = "import"
+        self.device = torch.device(msg["device"])
+        self.path = msg["path"]
+        self.guarded = msg.get("guarded", True)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.cuda.init()
+            if self.role == "candidate" and msg.get("strict"):
+                tripwires.profile_kernels(lambda: torch.zeros(1, device=self.device), self.device)
+        cap = torch.cuda.get_device_capability(0) if self.device.type == "cuda" else None
+        if self.role == "candidate":
+            self.build = BuildCache(Path(msg["cache_dir"]) / "ext", msg.get("arch") or arch_for(cap))
+            self.build.install(count_calls=bool(msg.get("strict")))
+            for name in msg.get("preload", ()):  # trusted libraries (triton) before the candidate
+                try:
+                    importlib.import_module(name)
+                except Exception:  # noqa: BLE001 - the candidate's own import will say so
+                    pass
+            self.state = guards.ProcessState.capture()
+            self.state.watch_harness(None)
+        mod = _import_file(self.path, "kernelcraft_" + self.role)
+        cls_name = "ModelNew" if self.role == "candidate" else "Model"
+        self.cls = getattr(mod, cls_name, None)
+        if not isinstance(self.cls, type):
+            if self.role == "candidate":
+                raise Reject("compile_error", ["no_modelnew"], "the candidate defines no class ModelNew")
+            raise Reject("runtime_error", ["task_error"], "the task defines no class Model")
+        out = {"type": "ok"}
+        if self.build is not None:
+            out["build_cache"] = {"builds": self.build.builds, "hits": self.build.hits}
+            out["build_s"] = self.build.build_s
+        if self.role == "candidate" and self.device.type == "cuda" and msg.get("strict"):
+            out["kernel_tracer"] = tripwires.kernel_tracer_status()
+        return out
+
+    def cmd_construct(self, msg: dict, fds) -> dict:
+        self.phase = "init"
+        init = msg["init"]
+        if self.role == "candidate":
+            try:
+                inspect.signature(self.cls).bind(*init)
+            except TypeError as e:
+                raise Reject("rejected", ["signature_mismatch"],
+                             f"ModelNew({', '.join(type(a).__name__ for a in init)}) does not fit its constructor: {e}")
+            except ValueError:
+                pass
+        torch.manual_seed(msg["seed"])
+        model = self.cls(*init)
+        self.model = model.to(self.device) if isinstance(model, torch.nn.Module) else model
+        return {"type": "ok"}
+
+    def cmd_inputs(self, msg: dict, fds) -> dict:
+        self.inputs = arena.attach(msg["arena"], fds)
+        self.values = msg["values"]
+        if self.role == "candidate":
+            fwd = self.model.forward if isinstance(self.model, torch.nn.Module) else self.model
+            try:
+                inspect.signature(fwd).bind(*self._args())
+            except TypeError as e:
+                raise Reject("rejected", ["signature_mismatch"],
+                             f"ModelNew.forward does not take the reference's {len(self.inputs)} inputs: {e}") from None
+            except ValueError:
+                pass
+        return {"type": "ok"}
+
+    def cmd_outputs(self, msg: dict, fds) -> dict:
+        self.outs = arena.attach(msg["arena"], fds)
+        self.out_kind = msg["kind"]
+        return {"type": "ok"}
+
+    def _args(self) -> list:
+        return [v if t is None else t for t, v in zip(self.inputs, self.values)]
+
+    def _forward(self):
+        with torch.no_grad():
+            return self.model(*self._args())
+
+    def cmd_describe(self, msg: dict, fds) -> dict:
+        """The reference's output structure: what the judge allocates output arenas for."""
+        self.phase = "describe"
+        out = self._forward()
+        if isinstance(out, torch.Tensor):
+            items, kind = [out], "tensor"
+        elif isinstance(out, (tuple, list)):
+            items, kind = list(out), "seq"
+        else:
+            raise Reject("runtime_error", ["task_error"],
+                         f"the reference returned {type(out).__name__}; kernelcraft compares tensors and "
+                         "tuples/lists of tensors")
+        specs = []
+        for o in items:
+            if isinstance(o, torch.Tensor):
+                specs.append({"shape": list(o.shape), "dtype": str(o.dtype).removeprefix("torch.")})
+            else:
+                specs.append({"value": o if isinstance(o, (int, float, bool, str, type(None))) else repr(o)})
+        return {"type": "ok", "kind": kind, "items": specs}
+
+    def cmd_run(self, msg: dict, fds) -> dict:
+        self.phase = "check" if msg.get("check") else "time"
+        out = self._forward()
+        items = self._structure(out)
+        for buf, o in zip(self.outs, items):
+            if buf is not None:
+                buf.copy_(o)
+        check = msg.get("check") and self.role == "candidate" and self.guarded
+        # on a GPU the arena copy above ran on the current stream, before any sync: the snapshot
+        snap = check and self.device.type == "cuda"
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        values = [None if buf is not None else (o if isinstance(o, (int, float, bool, str, type(None))) else repr(o))
+                  for buf, o in zip(self.outs, items)]
+        if check:
+            self._tripwires(items, snap)
+        return {"type": "done", "values": values}
+
+    def _structure(self, out) -> list:
+        """The output as a list matching the reference's structure, or the reason it does not."""
+        if self.out_kind == "tensor":
+            if not isinstance(out, torch.Tensor):
+                raise Reject("incorrect", ["non_tensor_output"], f"expected a tensor, got {type(out).__name__}")
+            items = [out]
+        else:
+            if not isinstance(out, (tuple, list)):
+                raise Reject("incorrect", ["non_tensor_output"],
+                             f"expected a sequence of {len(self.outs)} outputs, got {type(out).__name__}")
+            items = list(out)
+        if len(items) != len(self.outs):
+            raise Reject("incorrect", ["shape_mismatch"], f"expected {len(self.outs)} outputs, got {len(items)}")
+        for i, (buf, o) in enumerate(zip(self.outs, items)):
+            where = f"output {i}: " if len(items) > 1 else ""
+            if buf is None:
+                continue
+            if not isinstance(o, torch.Tensor):
+                raise Reject("incorrect", ["non_tensor_output"], f"{where}expected a tensor, got {type(o).__name__}")
+            if self.guarded and (  # both roles: the same harness path, the same cost, in timed calls
+                    not is_plain_tensor(o) or o.layout != torch.strided or not has_real_storage(o)):
+                raise Reject("incorrect", ["lazy_output"], f"{where}got a {type(o).__module__}.{type(o).__name__} "
+                             "without real strided storage, not a plain torch.Tensor")
+            if tuple(o.shape) != tuple(buf.shape):
+                raise Reject("incorrect", ["shape_mismatch"],
+                             f"{where}expected shape {tuple(buf.shape)}, got {tuple(o.shape)}")
+            if o.dtype != buf.dtype:
+                raise Reject("incorrect", ["dtype_mismatch"], f"{where}expected dtype {buf.dtype}, got {o.dtype}")
+            if o.device.type != buf.device.type:
+                raise Reject("incorrect", ["device_mismatch"], f"{where}expected device {buf.device}, got {o.device}")
+        return items
+
+    def _tripwires(self, items, snap) -> None:
+        """Candidate only, on correctness trials: what it did to its own process (bad news is trusted)."""
+        self.guards = ["process_state", "threads", "output_snapshot"]
+        if snap and not all(tripwires.same_values(b, o) for b, o in zip(self.outs, items) if b is not None):
+            raise Reject("rejected", ["extra_stream"], "the output changed after forward returned "
+                         "(work still running on another stream)")
+        self.cmd_audit({}, ())
+
+    def cmd_audit(self, msg: dict, fds) -> dict:
+        if self.role == "candidate" and self.guarded and self.state is not None:
+            guards.check_hooks()
+            self.state.verify()
+            guards.check_threads(self.state, self.path)
+            guards.check_escaped_processes(exclude=self.peers)
+        return {"type": "ok"}
+
+    def cmd_null(self, msg: dict, fds) -> dict:
+        """The empty round trip the judge subtracts: on a GPU one tiny kernel and a sync, so the switch to this
+        process's CUDA context is in the overhead, as it is in every real call."""
+        if self.device.type == "cuda":
+            if getattr(self, "_null_buf", None) is None:
+                self._null_buf = torch.zeros(1, device=self.device)
+            self._null_buf.add_(1)
+            torch.cuda.synchronize()
+        return {"type": "done", "values": []}
+
+    def cmd_own_kernel(self, msg: dict, fds) -> dict:
+        """Strict mode: an own kernel (inline extension or Triton) must run on the measured path."""
+        names = msg.get("kernel_names") or []
+        counts = self.build.call_counts
+        before = dict(counts)
+        kernels = tripwires.profile_kernels(self._forward, self.device)
+        ran_ext = any(counts.get(k, 0) > before.get(k, 0) for k in counts)
+        if kernels is not None and self.device.type == "cuda":
+            ok = any(any(n in k for n in names) for k in kernels)
+            evidence = f"kernels that ran: {', '.join(sorted(kernels)[:6]) or 'none'}"
+        else:
+            ok = ran_ext
+            evidence = "no call into an inline extension or Triton kernel was seen"
+        if not ok:
+            raise Reject("rejected", ["no_custom_kernel"],
+                         f"strict mode: no kernel of the candidate's own ran in forward ({evidence})")
+        return {"type": "ok"}
+
+
+def serve(role: str, sock, protected: list[int]) -> None:
+    """The side's main loop (never returns: the process exits when the judge closes the wire)."""
+    hardening = isolation.harden_side(role, protected)
+    end = SideEnd(sock)
+    side = Side(role, end)
+    side.peers = frozenset(protected)
+    send = end.send
+    while True:
+        try:
+            msg, fds = end.recv()
+        except Exception:  # noqa: BLE001 - the judge is gone
+            os._exit(0)
+        cmd = msg.get("cmd")
+        if cmd == "exit":
+            os._exit(0)
+        try:
+            if cmd == "hello":
+                reply = {"type": "ok", "hardening": hardening}
+            else:
+                reply = getattr(side, "cmd_" + cmd)(msg, fds)
+        except BaseException as e:  # noqa: BLE001 - every failure is reported, the judge decides
+            rej = classify(e, side.phase, side.path, side.build)
+            reply = {"type": "reject", "status": rej.status, "reasons": rej.reasons, "message": rej.message,
+                     "phase": side.phase}
+            if side.build is not None:
+                reply["build_s"] = side.build.build_s
+        try:
+            send(reply)
+        except Exception:  # noqa: BLE001
+            os._exit(0)

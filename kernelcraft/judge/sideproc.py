@@ -1,0 +1,156 @@
+"""The judge's handle on one side process: fork it, freeze and thaw it, time a request, read its reply.
+
+Design decisions
+- A side is forked by the judge (before the judge reads its job or touches CUDA) into its own session, with
+  stdin, the result channel and the other side's wire closed — only those: descriptors the zygote's imports
+  opened (NVML's, CUDA's) stay, since the libraries that own them believe them open.
+- Every request thaws the side, sends, waits for the reply and freezes it again (`isolation.freeze`), so a
+  side runs only while the judge waits on it. `timed` is the same round trip under the judge's clock, ending
+  when the side is frozen and the device idle (`timing.RoundTripClock.settle`).
+- A reply is trusted only as bad news: a `reject` becomes a verdict (status and reasons filtered to the known
+  ones); a reference that fails is the task's error. Bytes a side sends outside a request are a violation
+  (a reply sent ahead would end the next call's clock early). A side that dies is described by its wait
+  status and the log's tail.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+
+from kernelcraft.judge import isolation, side as side_mod, timing
+from kernelcraft.judge.guards import Reject
+from kernelcraft.judge.wire import Closed, JudgeEnd
+from kernelcraft.verdict import REASONS
+
+BAD_STATUSES = ("incorrect", "compile_error", "runtime_error", "timeout", "rejected")
+
+
+def _signal_name(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return {"SIGSEGV": "a segmentation fault", "SIGABRT": "an abort", "SIGBUS": "a bus error",
+                "SIGFPE": "a floating-point exception", "SIGKILL": "SIGKILL (out of host memory?)",
+                "SIGILL": "an illegal instruction"}.get(name, name)
+    if os.WIFEXITED(status):
+        return f"exit code {os.WEXITSTATUS(status)} (os._exit or sys.exit?)"
+    return f"wait status {status}"
+
+
+class SideProc:
+    """The judge's handle on one side process."""
+
+    def __init__(self, role: str, pid: int, sock: socket.socket):
+        self.role, self.pid, self.end = role, pid, JudgeEnd(sock)
+        self.frozen = False
+        self.phase = "start"
+        self.build_s = 0.0
+
+    @classmethod
+    def fork(cls, role: str, protected: list[int], close: list[int]) -> "SideProc":
+        """Fork a side. `close`: the judge's descriptors the side must not keep (the result channel, the other
+        side's wire). Only those: descriptors the zygote's imports opened (NVML's, CUDA's) stay, since the
+        libraries that own them believe them open."""
+        mine, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:  # the side: own session, stdin (the job) and the judge's descriptors closed
+            try:
+                os.setsid()
+                for fd in [0, mine.fileno(), *close]:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                side_mod.serve(role, theirs, protected)
+            finally:
+                os._exit(0)
+        theirs.close()
+        return cls(role, pid, mine)
+
+    def freeze(self) -> None:
+        if not self.frozen:
+            isolation.freeze(self.pid)
+            self.frozen = True
+
+    def thaw(self) -> None:
+        if self.frozen:
+            isolation.thaw(self.pid)
+            self.frozen = False
+
+    def request(self, msg: dict, fds=(), phase: str | None = None) -> dict:
+        self.phase = phase or self.phase
+        self.thaw()
+        try:
+            self.end.send(msg, fds)
+            reply = self.end.recv()
+            self.freeze()
+        except (Closed, ValueError, isolation.SideGone) as e:
+            raise self.death(e) from None
+        if self.end.pending():
+            raise Reject("rejected", ["forbidden_construct"], f"the {self.role} process wrote to the judge's "
+                         "wire outside a request (a reply sent ahead of time)")
+        return self.check(reply)
+
+    def timed(self, msg: dict, clock: timing.RoundTripClock) -> tuple[float, float, dict]:
+        """(ms from thaw until this side is frozen again and the device is idle, the device work it left
+        behind after `done`, the reply). The freeze and one idle probe are in every sample, the null's
+        included, so the overhead subtraction removes them; device work that ran while the side was being
+        frozen is billed to it, not to the judge's untimed work."""
+        clock.flush()
+        try:
+            t0 = clock.now()
+            self.thaw()
+            self.end.send(msg)
+            reply = self.end.recv()
+            self.freeze()
+            left = clock.settle()
+            t1 = clock.now()
+        except (Closed, ValueError, isolation.SideGone) as e:
+            raise self.death(e) from None
+        except timing.DeviceBusy as e:
+            raise Reject("rejected", ["extra_stream"], f"{self.role}: {e}") from None
+        if self.end.pending():  # a reply queued ahead of its request would end the next call's clock early
+            raise Reject("rejected", ["forbidden_construct"], f"the {self.role} process wrote to the judge's "
+                         "wire outside a request (a reply sent ahead of time)")
+        return (t1 - t0) / 1e6, left, self.check(reply)
+
+    def check(self, reply: dict) -> dict:
+        if isinstance(reply.get("build_s"), (int, float)):
+            self.build_s = float(reply["build_s"])  # a failed build's time is still build time
+        if reply.get("type") != "reject":
+            return reply
+        message = str(reply.get("message", ""))[:4000]
+        if self.role == "reference":
+            raise Reject("runtime_error", ["task_error"], f"the reference failed: {message}")
+        status = reply.get("status") if reply.get("status") in BAD_STATUSES else "runtime_error"
+        reasons = [r for r in reply.get("reasons", []) if isinstance(r, str) and r in REASONS][:4] or ["exception"]
+        raise Reject(status, reasons, message)
+
+    def death(self, exc: Exception) -> Reject:
+        try:
+            got, status = os.waitpid(self.pid, os.WNOHANG)
+            if got == 0:
+                os.kill(self.pid, signal.SIGKILL)
+                got, status = os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            status = getattr(exc, "status", -1)
+        what = f"the {self.role} process died from {_signal_name(status)} during {self.phase}"
+        if isinstance(exc, ValueError):
+            what = f"the {self.role} process broke the wire protocol during {self.phase}: {exc}"
+        if self.role == "reference":
+            return Reject("runtime_error", ["task_error"], what)
+        return Reject("runtime_error", ["crashed"], what + _log_tail())
+
+
+def _log_tail(lines: int = 25, max_chars: int = 3000) -> str:
+    try:
+        text = Path(os.readlink("/proc/self/fd/1")).read_text(errors="replace")
+    except OSError:
+        return ""
+    tail = "\n".join(text.strip().splitlines()[-lines:])[-max_chars:]
+    return f"\n--- worker output (tail) ---\n{tail}" if tail else ""

@@ -1,0 +1,271 @@
+"""Tunable Triton kernels: what a template instance is, its knob space, which configurations are valid.
+
+Design decisions
+- Two template families cover the patterns that dominate the suite and KernelBench level 2: `gemm` (a
+  matrix product with a fused elementwise epilogue: bias vectors, scalars, activations) and `rownorm`
+  (softmax, log-softmax, LayerNorm, RMSNorm, L2/L1 normalisation over the last dimension). A `Kernel`
+  is a family plus what is fixed for its code (dtype, epilogue or row op); a *shape* is a dict of
+  sizes (M, N, K or rows, cols). A `Match` is a Kernel + shape + how a task's `ModelNew` feeds it.
+- The knob spaces live here, below `kernelcraft.tune`, because two layers use them: the `tuned` recipe
+  of the offline policy (search/recipes) renders a kernel with a stored configuration, and the
+  schedule game (kernelcraft/tune, which sits above search) plays on them. Nothing here imports torch
+  or triton: it is pure data and arithmetic, safe in the policy's process.
+- Every knob is an ordered tuple of values, so "change one knob by one step" is well defined (an
+  index +1 or -1). `valid` masks what cannot compile or run well on a Hopper GPU before anything is
+  built: shared memory over the per-block limit, accumulator tiles that cannot live in registers,
+  blocks far larger than the problem, and duplicate configurations (pipelining depth of a row
+  kernel that never loops). It is an estimate: a configuration that still fails to compile is a
+  failed measurement, which the game turns into a negative reward and a mask entry.
+- fp32 GEMMs use Triton's `tf32x3` dot (three TF32 products, the 3xTF32 technique of CUTLASS): the
+  tensor cores at close to fp32 accuracy. Plain TF32 would fail the judge's fp32 tolerance, and
+  `ieee` runs on the FMA units only.
+- Tuned configurations are data: `kernelcraft tune` writes the best configuration per kernel and
+  shape to a JSON store (`tuned_store_path()`; `$KERNELCRAFT_TUNED` overrides); `lookup_config`
+  reads that store and the one shipped with the package (`tuned_h100.json`, from the H100 benchmark),
+  takes an exact shape match first, else the nearest shape of the same kernel (log-distance), else
+  the template's default.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+ROW_OPS = ("softmax", "log_softmax", "layernorm", "rmsnorm", "l2norm", "l1norm_mean")
+SMEM_LIMIT = 227 * 1024  # bytes of shared memory one block may use on sm_90
+MAX_ACC_PER_THREAD = 128  # fp32 accumulator values per thread before the tile spills
+MAX_ROW_PER_THREAD = 64  # row elements per thread a row kernel keeps in registers
+
+KNOBS = {
+    "gemm": {
+        "BLOCK_M": (64, 128, 256),
+        "BLOCK_N": (64, 128, 256),
+        "BLOCK_K": (32, 64, 128),
+        "GROUP_M": (1, 8),
+        "num_warps": (4, 8),
+        "num_stages": (2, 3, 4),
+    },
+    "rownorm": {
+        "BLOCK_N": (256, 512, 1024, 2048, 4096, 8192, 16384),
+        "num_warps": (1, 2, 4, 8, 16),
+        "num_stages": (1, 2, 3),
+    },
+}
+SHAPE_KEYS = {"gemm": ("M", "N", "K"), "rownorm": ("rows", "cols")}
+
+
+class TunableError(ValueError):
+    """A kernel, shape or configuration that does not describe a valid template instance."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A template family plus everything fixed in its code. gemm: `epilogue`, Python lines over `acc`
+    (the fp32 accumulator tile) and `v0..` (`vectors` row vectors of length N) ending in an assignment
+    to `out`; `b_trans`, B is the transpose of a contiguous (N, K) matrix (a Linear weight: its unit
+    stride, which Triton specialises, is along K). rownorm: `op`, `eps`, `weight`, `bias`."""
+    kind: str
+    dtype: str
+    epilogue: str = "out = acc"
+    vectors: int = 0
+    b_trans: bool = False
+    op: str = ""
+    eps: float = 0.0
+    weight: bool = False
+    bias: bool = False
+
+    def __post_init__(self):
+        if self.kind not in KNOBS:
+            raise TunableError(f"unknown kernel kind {self.kind!r}: one of {sorted(KNOBS)}")
+        if self.dtype not in DTYPE_BYTES:
+            raise TunableError(f"unsupported dtype {self.dtype!r}: one of {sorted(DTYPE_BYTES)}")
+        if self.kind == "rownorm" and self.op not in ROW_OPS:
+            raise TunableError(f"unknown row op {self.op!r}: one of {ROW_OPS}")
+
+    def key(self) -> str:
+        """A stable identity of the generated code (kind, dtype, then a hash of the rest)."""
+        body = json.dumps(asdict(self), sort_keys=True)
+        tag = self.op if self.kind == "rownorm" else "epi"
+        return f"{self.kind}-{self.dtype}-{tag}-{hashlib.sha256(body.encode()).hexdigest()[:10]}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Kernel":
+        return cls(**d)
+
+
+@dataclass
+class Match:
+    """A kernel found in a task: the Kernel, its shape, and the expressions ModelNew passes it.
+    gemm bindings: `a`, `b` (2-D operands, possibly transposed views), `vectors` (one expression per
+    v_i), `lead` (the input whose leading dimensions the output keeps, for a Linear on an N-D input).
+    rownorm bindings: `x`, optional `weight`, `bias`."""
+    kernel: Kernel
+    shape: dict
+    bindings: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel.to_json(), "shape": dict(self.shape), "bindings": dict(self.bindings)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Match":
+        return cls(Kernel.from_json(d["kernel"]), dict(d["shape"]), dict(d.get("bindings", {})))
+
+
+def check_shape(kind: str, shape: dict) -> dict:
+    keys = SHAPE_KEYS[kind]
+    if set(shape) != set(keys) or not all(isinstance(shape[k], int) and shape[k] > 0 for k in keys):
+        raise TunableError(f"a {kind} shape is {{{', '.join(keys)}}} with positive integers, not {shape!r}")
+    return {k: shape[k] for k in keys}
+
+
+def _np2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def knobs(kind: str) -> dict[str, tuple]:
+    return KNOBS[kind]
+
+
+def why_invalid(kernel: Kernel, shape: dict, config: dict) -> str | None:
+    """None for a configuration worth compiling, else the reason it is masked."""
+    space = KNOBS[kernel.kind]
+    if set(config) != set(space):
+        return f"configuration knobs {sorted(config)} are not {sorted(space)}"
+    for k, v in config.items():
+        if v not in space[k]:
+            return f"{k}={v} is not one of {space[k]}"
+    nbytes = DTYPE_BYTES[kernel.dtype]
+    if kernel.kind == "gemm":
+        bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+        if bm > max(64, _np2(shape["M"])) or bn > max(64, _np2(shape["N"])) or bk > max(32, _np2(shape["K"])):
+            return "block larger than the problem"
+        smem = config["num_stages"] * (bm * bk + bk * bn) * nbytes
+        if smem > SMEM_LIMIT:
+            return f"~{smem // 1024} KB of shared memory > {SMEM_LIMIT // 1024} KB"
+        if bm * bn / (32 * config["num_warps"]) > MAX_ACC_PER_THREAD:
+            return "accumulator tile too large for the registers"
+        if config["GROUP_M"] > 1 and shape["M"] <= bm:
+            return "one row of tiles: grouping changes nothing"
+        return None
+    bn, warps, cols = config["BLOCK_N"], config["num_warps"], shape["cols"]
+    if bn > max(256, _np2(cols)):
+        return "block larger than the row"
+    per_thread = bn / (32 * warps)
+    if per_thread < 1 or per_thread > MAX_ROW_PER_THREAD:
+        return f"{per_thread:g} row elements per thread (1..{MAX_ROW_PER_THREAD})"
+    if bn >= cols and config["num_stages"] != 1:
+        return "the row fits one block: no loop to pipeline"
+    return None
+
+
+def valid(kernel: Kernel, shape: dict, config: dict) -> bool:
+    return why_invalid(kernel, shape, config) is None
+
+
+def all_configs(kernel: Kernel, shape: dict) -> list[dict]:
+    """Every valid configuration, in a fixed order (what exhaustive autotuning measures)."""
+    space = KNOBS[kernel.kind]
+    names = list(space)
+    out = []
+    for values in itertools.product(*(space[n] for n in names)):
+        cfg = dict(zip(names, values))
+        if why_invalid(kernel, shape, cfg) is None:
+            out.append(cfg)
+    return out
+
+
+def config_key(config: dict) -> str:
+    return ",".join(f"{k}={config[k]}" for k in sorted(config))
+
+
+def default_config(kernel: Kernel, shape: dict) -> dict:
+    """The hand-written starting point (the game's "-O3 schedule"): Triton's tutorial choices, moved to
+    the nearest valid configuration when they do not fit the shape."""
+    if kernel.kind == "gemm":
+        want = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32 if kernel.dtype == "float32" else 64,
+                "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+    else:
+        bn = min(_np2(shape["cols"]), 4096)
+        want = {"BLOCK_N": max(256, bn), "num_warps": 4 if bn <= 2048 else 8, "num_stages": 1}
+    return nearest_valid(kernel, shape, want)
+
+
+def nearest_valid(kernel: Kernel, shape: dict, want: dict) -> dict:
+    """The valid configuration closest to `want` (sum of knob-index distances; ties: fixed order)."""
+    if why_invalid(kernel, shape, want) is None:
+        return dict(want)
+    space = KNOBS[kernel.kind]
+
+    def idx(k, v):
+        vals = space[k]
+        return vals.index(v) if v in vals else min(range(len(vals)), key=lambda i: abs(math.log2(vals[i] / v)))
+    target = {k: idx(k, want[k]) for k in space}
+    cands = all_configs(kernel, shape)
+    if not cands:
+        raise TunableError(f"no valid configuration for {kernel.key()} at {shape}")
+    return min(cands, key=lambda c: sum(abs(space[k].index(c[k]) - target[k]) for k in space))
+
+
+# ---- the tuned-configuration store ---------------------------------------------------------------
+
+BUILTIN_STORE = Path(__file__).with_name("tuned_h100.json")
+TUNED_ENV = "KERNELCRAFT_TUNED"
+
+
+def tuned_store_path() -> Path:
+    """Where `kernelcraft tune` records tuned configurations and the `tuned` recipe looks first."""
+    if os.environ.get(TUNED_ENV):
+        return Path(os.environ[TUNED_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kernelcraft" / "tuned.json"
+
+
+def _entries(path: Path) -> list[dict]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [e for e in data.get("entries", []) if isinstance(e, dict)] if isinstance(data, dict) else []
+
+
+def record_tuned(kernel: Kernel, shape: dict, config: dict, *, ms: float, gpu: str, source: str,
+                 path: Path | None = None) -> Path:
+    """Add (or replace) the tuned configuration of `kernel` at `shape` in the store."""
+    path = Path(path or tuned_store_path())
+    entries = [e for e in _entries(path)
+               if not (e.get("kernel") == kernel.key() and e.get("shape") == shape and e.get("gpu") == gpu)]
+    entries.append({"kernel": kernel.key(), "kind": kernel.kind, "dtype": kernel.dtype, "shape": dict(shape),
+                    "config": dict(config), "ms": ms, "gpu": gpu, "source": source})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"entries": entries}, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def lookup_config(kernel: Kernel, shape: dict, *, paths=None) -> tuple[dict, str]:
+    """(configuration, where it came from) for `kernel` at `shape` (module docstring)."""
+    paths = [tuned_store_path(), BUILTIN_STORE] if paths is None else [Path(p) for p in paths]
+    keys = SHAPE_KEYS[kernel.kind]
+    best, best_d, origin = None, math.inf, "default"
+    for path in paths:
+        for e in _entries(path):
+            if e.get("kernel") != kernel.key() and not (e.get("kind") == kernel.kind and e.get("dtype") == kernel.dtype):
+                continue
+            cfg, eshape = e.get("config") or {}, e.get("shape") or {}
+            if set(eshape) != set(keys) or why_invalid(kernel, shape, cfg) is not None:
+                continue
+            d = sum(abs(math.log2(eshape[k] / shape[k])) for k in keys) + (0 if e.get("kernel") == kernel.key() else 0.5)
+            if d < best_d:
+                best, best_d = cfg, d
+                origin = f"{path.name}: {'exact' if d == 0 else 'nearest'} ({e.get('gpu', '?')}, {eshape})"
+    if best is None:
+        return default_config(kernel, shape), "default"
+    return dict(best), origin

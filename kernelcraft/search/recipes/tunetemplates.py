@@ -1,0 +1,283 @@
+"""Triton source for the tunable templates, and the standalone `ModelNew` candidate that runs one.
+
+Design decisions
+- Source text, not objects: `kernel_module(kernel)` is a Python module (kernel + launcher) that the
+  schedule game imports from a file (Triton's `@jit` needs one), and `candidate_source(...)` embeds the
+  same text in a candidate the judge evaluates like any other. The configuration is an argument of
+  the launcher in the module and a constant in the candidate, so what was tuned is what is judged.
+- Every launcher is split in two: `*_launch(...)` computes the grid, the kernel's arguments and its
+  compile-time options from tensors' shapes and strides only, and the caller launches. The compiled-
+  kernel features (kernelcraft/tune/features.py) call it with meta tensors to compile a configuration
+  without a GPU, with exactly the arguments a real launch passes.
+- GEMM: Triton's grouped-ordering matmul (tiles of BLOCK_M x BLOCK_N, a K loop of BLOCK_K steps that
+  Triton software-pipelines `num_stages` deep), with the epilogue inlined on the fp32 accumulator
+  before the single store; row vectors are loaded once per tile. fp32 uses the `tf32x3` dot (see
+  `tunable`). Operands with 2^31 elements or more are refused (32-bit offsets).
+- Row kernels: one program per row; when BLOCK_N covers the row (N is a compile-time constant) the
+  row is loaded once and stays in registers; otherwise the statistics are gathered per lane in a loop
+  over BLOCK_N chunks (softmax with the online max rescaling) and the row is read again to write.
+  Arithmetic in fp32, output stored in the input's dtype; row offsets in int64.
+"""
+from __future__ import annotations
+
+import textwrap
+
+from kernelcraft.search.recipes import tunable
+from kernelcraft.search.recipes.render import reference_parts
+
+HEADER = "import torch\nimport triton\nimport triton.language as tl\n"
+TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
+
+
+def _indent(text: str, n: int) -> str:
+    return textwrap.indent(textwrap.dedent(text).strip("\n"), " " * n)
+
+
+# ---- GEMM with a fused epilogue --------------------------------------------------------------------
+
+def _gemm(kernel: tunable.Kernel) -> str:
+    vs = [f"v{i}_ptr" for i in range(kernel.vectors)]
+    vparams = "".join(f"{v}, " for v in vs)
+    dot = 'acc = tl.dot(a, b, acc, input_precision="tf32x3")' if kernel.dtype == "float32" else "acc = tl.dot(a, b, acc)"
+    loads = "\n".join(f"v{i} = tl.load(v{i}_ptr + offs_cn, mask=offs_cn < N, other=0.0).to(tl.float32)[None, :]"
+                      for i in range(kernel.vectors))
+    body = f'''
+@triton.jit
+def _kc_gemm_kernel(a_ptr, b_ptr, c_ptr, {vparams}M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                    stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_am = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_M), BLOCK_M)
+    offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_N), BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k, other=0.0)
+        {dot}
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+{_indent(loads, 4) if loads else ""}
+{_indent(kernel.epilogue, 4)}
+    c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
+
+
+def _kc_launch(a, b, vectors, out, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages):
+    """(grid, positional arguments, compile-time options) of one launch; reads shapes and strides only."""
+    M, K = a.shape
+    N = b.shape[1]
+    if b.shape[0] != K or len(vectors) != {kernel.vectors} or any(t.numel() >= 2 ** 31 for t in (a, b, out)):
+        raise ValueError("kernelcraft gemm: operands do not fit this kernel")
+    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
+    args = (a, b, out, *vectors, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            out.stride(0), out.stride(1))
+    meta = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, EVEN_K=K % BLOCK_K == 0,
+                num_warps=num_warps, num_stages=num_stages)
+    return grid, args, meta
+
+
+def _kc_run(a, b, vectors, config):
+    """a (M, K) @ b (K, N), then the epilogue; `vectors` are length-N tensors."""
+    lead = a.shape[:-1]
+    a = a.reshape(-1, a.shape[-1])
+    out = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)
+    vectors = tuple(v.reshape(-1).contiguous() for v in vectors)
+    grid, args, meta = _kc_launch(a, b, vectors, out, **config)
+    _kc_gemm_kernel[grid](*args, **meta)
+    return out.reshape(*lead, out.shape[-1])
+'''
+    return body
+
+
+# ---- row reductions and norms ---------------------------------------------------------------------
+
+def _row_parts(kernel: tunable.Kernel) -> tuple[str, str, str]:
+    """(one-tile body, looped statistics, looped output expression) for the row op."""
+    eps = repr(float(kernel.eps))
+    op = kernel.op
+    if op in ("softmax", "log_softmax"):
+        out = "e / s" if op == "softmax" else "(x - m) - tl.log(s)"
+        one = f'''
+x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+m = tl.max(x, 0)
+e = tl.exp(x - m)
+s = tl.sum(e, 0)
+y = {out}'''
+        stats = '''
+m_vec = tl.full([BLOCK_N], -float("inf"), tl.float32)
+s_vec = tl.zeros([BLOCK_N], dtype=tl.float32)
+for off in range(0, N, BLOCK_N):
+    c = off + cols
+    x = tl.load(x_row + c, mask=c < N, other=-float("inf")).to(tl.float32)
+    m_new = tl.maximum(m_vec, x)
+    s_vec = s_vec * tl.exp(m_vec - m_new) + tl.exp(x - m_new)
+    m_vec = m_new
+m = tl.max(m_vec, 0)
+s = tl.sum(s_vec * tl.exp(m_vec - m), 0)'''
+        loop_out = "tl.exp(x - m) / s" if op == "softmax" else "(x - m) - tl.log(s)"
+        return one, stats, loop_out
+    if op == "layernorm":
+        one = f'''
+x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+mean = tl.sum(x, 0) / N
+d = tl.where(mask, x - mean, 0.0)
+rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / N + {eps})
+y = d * rstd'''
+        stats = f'''
+acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+for off in range(0, N, BLOCK_N):
+    c = off + cols
+    acc += tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
+mean = tl.sum(acc, 0) / N
+acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+for off in range(0, N, BLOCK_N):
+    c = off + cols
+    x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
+    d = tl.where(c < N, x - mean, 0.0)
+    acc += d * d
+rstd = 1.0 / tl.sqrt(tl.sum(acc, 0) / N + {eps})'''
+        return one, stats, "(x - mean) * rstd"
+    # sum-based norms: one statistic, then x scaled by it
+    reduce_expr, scale = {
+        "rmsnorm": ("x * x", f"1.0 / tl.sqrt(r / N + {eps})"),
+        "l2norm": ("x * x", f"1.0 / tl.maximum(tl.sqrt(r), {eps})"),
+        "l1norm_mean": ("tl.abs(x)", "1.0 / (r / N)"),
+    }[op]
+    one = f'''
+x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+r = tl.sum({reduce_expr}, 0)
+inv = {scale}
+y = x * inv'''
+    stats = f'''
+acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+for off in range(0, N, BLOCK_N):
+    c = off + cols
+    x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
+    acc += {reduce_expr}
+r = tl.sum(acc, 0)
+inv = {scale}'''
+    return one, stats, "x * inv"
+
+
+def _rownorm(kernel: tunable.Kernel) -> str:
+    one, stats, loop_out = _row_parts(kernel)
+    ptrs = "".join(p for p, on in (("w_ptr, ", kernel.weight), ("b_ptr, ", kernel.bias)) if on)
+
+    def affine(mask: str, c: str) -> str:
+        lines = []
+        if kernel.weight:
+            lines.append(f"y = y * tl.load(w_ptr + {c}, mask={mask}, other=0.0).to(tl.float32)")
+        if kernel.bias:
+            lines.append(f"y = y + tl.load(b_ptr + {c}, mask={mask}, other=0.0).to(tl.float32)")
+        return "\n".join(lines)
+    load_out = "x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)"
+    store = "tl.store(y_row + {c}, y.to(y_ptr.dtype.element_ty), mask={m})"
+    one_tile = one.strip("\n") + "\n" + affine("mask", "cols") + "\n" + store.format(c="cols", m="mask")
+    loop_write = (f"for off in range(0, N, BLOCK_N):\n    c = off + cols\n    {load_out}\n    y = {loop_out}\n"
+                  + _indent(affine("c < N", "c"), 4) + "\n    " + store.format(c="c", m="c < N"))
+    names = ", ".join(n for n, on in (("weight", kernel.weight), ("bias", kernel.bias)) if on)
+    return f'''
+@triton.jit
+def _kc_row_kernel(x_ptr, y_ptr, {ptrs}stride_x, stride_y, N: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    cols = tl.arange(0, BLOCK_N)
+    if BLOCK_N >= N:
+        mask = cols < N
+{_indent(one_tile, 8)}
+    else:
+{_indent(stats, 8)}
+{_indent(loop_write, 8)}
+
+
+def _kc_launch(x, y, params, BLOCK_N, num_warps, num_stages):
+    """(grid, positional arguments, compile-time options) of one launch; reads shapes and strides only."""
+    rows, N = x.shape
+    if x.stride(1) != 1 or y.stride(1) != 1 or len(params) != {int(kernel.weight) + int(kernel.bias)}:
+        raise ValueError("kernelcraft rownorm: operands do not fit this kernel")
+    return (rows,), (x, y, *params, x.stride(0), y.stride(0)), dict(N=N, BLOCK_N=BLOCK_N, num_warps=num_warps,
+                                                                     num_stages=num_stages)
+
+
+def _kc_run(x, params, config):
+    """The row op over the last dimension of x{f" (affine: {names})" if names else ""}."""
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    params = tuple(p.reshape(-1).contiguous() for p in params)
+    grid, args, meta = _kc_launch(x, y, params, **config)
+    _kc_row_kernel[grid](*args, **meta)
+    return y.reshape(shape)
+'''
+
+
+def kernel_module(kernel: tunable.Kernel) -> str:
+    """A Python module: the Triton kernel, `_kc_launch` and `_kc_run(operands..., config)`."""
+    body = _gemm(kernel) if kernel.kind == "gemm" else _rownorm(kernel)
+    return f"# kernelcraft tunable template: {kernel.key()}\n{HEADER}\n{body.strip()}\n"
+
+
+def forward_call(match: tunable.Match) -> str:
+    """The expression ModelNew.forward returns (operands from the match's bindings)."""
+    b = match.bindings
+    if match.kernel.kind == "gemm":
+        vecs = "".join(f"{v}, " for v in b.get("vectors", []))
+        return f"_kc_run({b['a']}, {b['b']}, ({vecs}), _KC_CONFIG)"
+    params = "".join(f"{b[k]}, " for k in ("weight", "bias") if b.get(k))
+    return f"_kc_run({b['x']}, ({params}), _KC_CONFIG)"
+
+
+def runner_source(task_source: str, match: tunable.Match) -> str:
+    """The kernel module plus `_kc_forward(self, ...)`, the forward ModelNew gets, reading the
+    configuration from the module global `_KC_CONFIG` (the schedule game switches it between
+    measurements)."""
+    _, sig = reference_parts(task_source)
+    return "\n".join([kernel_module(match.kernel), "", "_KC_CONFIG = None", "", "",
+                      f"def _kc_forward(self{', ' if sig.params else ''}{sig.params}):",
+                      f"    return {forward_call(match)}", ""])
+
+
+def candidate_source(task_source: str, match: tunable.Match, config: dict, *, note: str = "") -> str:
+    """A standalone candidate: the kernel module first, then the reference embedded unchanged, then a
+    `ModelNew` (a subclass of the reference `Model`, so parameters are created identically) whose
+    forward runs the tuned kernel with `config`. The kernel module comes first so that the kernel sits
+    on the same source lines as in the module the tuning compiled: Triton's cache key includes the line
+    a kernel starts on, and the judge's worker then loads the binary instead of compiling it again."""
+    reason = tunable.why_invalid(match.kernel, match.shape, config)
+    if reason:
+        raise tunable.TunableError(f"configuration {config} is not valid here: {reason}")
+    ref, sig = reference_parts(task_source)
+    cfg = ", ".join(f"{k!r}: {config[k]!r}" for k in tunable.KNOBS[match.kernel.kind])
+    return "\n".join([
+        kernel_module(match.kernel), "",
+        f"# ---- kernelcraft recipe: tuned Triton kernel ({match.kernel.key()}, shape {match.shape})",
+        f"# configuration: {tunable.config_key(config)}" + (f" ({note})" if note else ""),
+        "# The reference model is embedded unchanged; ModelNew subclasses it and runs the kernel above.",
+        ref, "", "# ---- generated " + "-" * 84,
+        f"_KC_CONFIG = {{{cfg}}}", "", "",
+        "class ModelNew(Model):",
+        '    """The reference model, its forward replaced by one tuned Triton kernel."""', "",
+        f"    def forward(self{', ' if sig.params else ''}{sig.params}):",
+        f"        return {forward_call(match)}", ""])

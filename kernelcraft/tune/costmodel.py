@@ -1,0 +1,227 @@
+"""The learned cost model: runtime from shape, configuration and compiled-kernel features (LightGBM).
+
+Design decisions
+- Gradient-boosted trees (LightGBM's core API: `lightgbm.train`, a `Booster`, no scikit-learn): a
+  well-kept, compact library (one wheel, numpy and scipy) that handles missing features (a
+  configuration whose compiled features are unknown) natively. It is the `tune` extra; nothing else in
+  kernelcraft imports it, and `require()` says how to install it.
+- One model per template family (`kind`): GEMM and row kernels have different knobs. The inputs are
+  the shape (log2 sizes, bytes per element, layout, epilogue or row op), the configuration (log2 of
+  each knob), quantities derived from both that the hardware cares about (tiles, waves over the 132
+  SMs and how full the last wave is, K iterations, padding waste, shared memory of the pipeline,
+  accumulator registers per thread; chunks per row and elements per thread for rows) and the
+  compiled features (`features.FEATURE_KEYS`). The target is log(runtime / the shape's roofline
+  bound): the model learns how efficient a configuration is, which carries over between sizes far
+  better than absolute time does; errors are relative, as the game's rewards are.
+- Persistence is one JSON file: the kind, the feature names, the training-set size and LightGBM's model
+  text. A file made for another feature list is refused on load (`CostModelError`).
+- `holdout` reports what the GEMM study reports — R² and mean relative error of runtime on shapes the
+  model never saw (leave one shape out) — plus R² of log runtime and the rank correlation within each
+  shape, which is what deciding "what is worth measuring" needs.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from kernelcraft.search.recipes import tunable
+from kernelcraft.tune.features import FEATURE_KEYS
+
+SMS = 132  # streaming multiprocessors of an H100 SXM
+PARAMS = {"objective": "regression", "learning_rate": 0.05, "num_leaves": 31, "min_data_in_leaf": 5,
+          "feature_fraction": 0.9, "bagging_fraction": 0.9, "bagging_freq": 1, "lambda_l2": 1.0,
+          "verbosity": -1, "deterministic": True, "force_row_wise": True}
+ROUNDS = 300
+
+
+class CostModelError(RuntimeError):
+    """The cost model cannot be used: lightgbm missing, no data, or a model file for other features."""
+
+
+def require():
+    try:
+        import lightgbm
+        import numpy
+    except ImportError as e:
+        raise CostModelError(f"the cost model needs lightgbm ({e}): pip install 'kernelcraft[tune]'") from None
+    return lightgbm, numpy
+
+
+def _log2(x: float) -> float:
+    return math.log2(max(float(x), 1e-9))
+
+
+def feature_names(kind: str) -> list[str]:
+    if kind == "gemm":
+        base = ["log_M", "log_N", "log_K", "bytes", "b_trans", "vectors", "epilogue_ops",
+                "log_BLOCK_M", "log_BLOCK_N", "log_BLOCK_K", "GROUP_M", "num_warps", "num_stages",
+                "log_tiles", "waves", "last_wave_fill", "k_iters", "pad_waste", "smem_pipeline_kb", "acc_per_thread",
+                "log_flops", "log_bytes_moved"]
+    else:
+        base = ["log_rows", "log_cols", "bytes", "weight", "bias"] + [f"op_{o}" for o in tunable.ROW_OPS] + \
+               ["log_BLOCK_N", "num_warps", "num_stages", "chunks", "one_tile", "per_thread", "row_passes",
+                "waves", "log_bytes_moved"]
+    return base + [f"c_{k}" for k in FEATURE_KEYS]
+
+
+def featurize(kernel: tunable.Kernel, shape: dict, config: dict, features: dict | None = None) -> list[float]:
+    """The model's input row (order: `feature_names(kernel.kind)`); unknown compiled features are NaN."""
+    nb = tunable.DTYPE_BYTES[kernel.dtype]
+    if kernel.kind == "gemm":
+        M, N, K = shape["M"], shape["N"], shape["K"]
+        bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+        tiles = math.ceil(M / bm) * math.ceil(N / bn)
+        waves = tiles / SMS
+        fill = tiles / (math.ceil(waves) * SMS)
+        pad = (math.ceil(M / bm) * bm * math.ceil(N / bn) * bn) / (M * N) - 1
+        row = [_log2(M), _log2(N), _log2(K), nb, float(kernel.b_trans), kernel.vectors,
+               kernel.epilogue.count("\n") + 1, _log2(bm), _log2(bn), _log2(bk), config["GROUP_M"],
+               config["num_warps"], config["num_stages"], _log2(tiles), waves, fill, math.ceil(K / bk), pad,
+               config["num_stages"] * (bm + bn) * bk * nb / 1024, bm * bn / (32 * config["num_warps"]),
+               _log2(2 * M * N * K), _log2((M * K + K * N + M * N) * nb)]
+    else:
+        rows, cols = shape["rows"], shape["cols"]
+        bn, w = config["BLOCK_N"], config["num_warps"]
+        one = bn >= cols
+        passes = 1 if one else {"layernorm": 3}.get(kernel.op, 2)
+        row = [_log2(rows), _log2(cols), nb, float(kernel.weight), float(kernel.bias)] + \
+              [float(kernel.op == o) for o in tunable.ROW_OPS] + \
+              [_log2(bn), w, config["num_stages"], math.ceil(cols / bn), float(one), bn / (32 * w), passes,
+               rows / SMS, _log2(rows * cols * nb * (passes + 1))]
+    f = features or {}
+    return row + [float(f[k]) if k in f and f[k] is not None else math.nan for k in FEATURE_KEYS]
+
+
+def roofline_ms(kernel: tunable.Kernel, shape: dict) -> float:
+    """The shape's lower bound on an H100 (ms): matrix work at the dot's rate, or compulsory bytes at 3 TB/s."""
+    nb = tunable.DTYPE_BYTES[kernel.dtype]
+    if kernel.kind == "gemm":
+        M, N, K = shape["M"], shape["N"], shape["K"]
+        rate = 160e12 if kernel.dtype == "float32" else 800e12  # tf32x3 is three TF32 products
+        return max(2 * M * N * K / rate, (M * K + K * N + M * N) * nb / 3e12) * 1e3
+    return 2 * shape["rows"] * shape["cols"] * nb / 3e12 * 1e3
+
+
+def records_of(rows: list[dict]) -> list[dict]:
+    """The successful measurements among recorded rows ({"shape": name, "kernel", "size", "config",
+    "features", "ok", "ms", ...}: the benchmark's table and `kernelcraft tune`'s store), as `fit` reads them."""
+    out = []
+    for r in rows:
+        if r.get("ok") and r.get("ms"):
+            out.append({"kernel": tunable.Kernel.from_json(r["kernel"]) if isinstance(r["kernel"], dict) else r["kernel"],
+                        "shape": r["size"], "config": r["config"],
+                        "features": r.get("features"), "ms": float(r["ms"]), "group": r.get("shape")})
+    return out
+
+
+class CostModel:
+    """Predicts a configuration's runtime (ms) for one template family."""
+
+    def __init__(self, kind: str, *, rounds: int = ROUNDS, threads: int = 1, seed: int = 0):
+        if kind not in tunable.KNOBS:
+            raise CostModelError(f"unknown kernel kind {kind!r}")
+        self.kind, self.rounds, self.threads, self.seed = kind, rounds, threads, seed
+        self.names = feature_names(kind)
+        self.booster = None
+        self.n_train = 0
+
+    def fit(self, records: list[dict]) -> "CostModel":
+        lgb, np = require()
+        recs = [r for r in records if r["kernel"].kind == self.kind and r.get("ms")]
+        if len(recs) < 10:
+            raise CostModelError(f"{len(recs)} {self.kind} measurements: too few to train on (10 at least)")
+        X = np.array([featurize(r["kernel"], r["shape"], r["config"], r.get("features")) for r in recs])
+        y = np.log(np.array([r["ms"] / roofline_ms(r["kernel"], r["shape"]) for r in recs]))
+        params = dict(PARAMS, num_threads=self.threads, seed=self.seed,
+                      min_data_in_leaf=min(PARAMS["min_data_in_leaf"], max(1, len(recs) // 4)))
+        self.booster = lgb.train(params, lgb.Dataset(X, y, feature_name=self.names, free_raw_data=True),
+                                 num_boost_round=self.rounds)
+        self.n_train = len(recs)
+        return self
+
+    def predict(self, kernel: tunable.Kernel, shape: dict, configs: list[dict],
+                features: list[dict | None] | None = None) -> list[float]:
+        """Predicted runtimes (ms) of `configs` of `kernel` at `shape`."""
+        _, np = require()
+        if self.booster is None:
+            raise CostModelError("the cost model is not trained")
+        if not configs:
+            return []
+        feats = features or [None] * len(configs)
+        X = np.array([featurize(kernel, shape, c, f) for c, f in zip(configs, feats)])
+        roof = roofline_ms(kernel, shape)
+        return [float(v) * roof for v in np.exp(self.booster.predict(X, num_threads=self.threads))]
+
+    def save(self, path: str | Path) -> Path:
+        if self.booster is None:
+            raise CostModelError("nothing to save: the cost model is not trained")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"format": "kernelcraft-costmodel-1", "kind": self.kind, "features": self.names,
+                                    "n_train": self.n_train, "model": self.booster.model_to_string()}))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostModel":
+        lgb, _ = require()
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise CostModelError(f"cannot read cost model {path}: {e}") from None
+        if d.get("format") != "kernelcraft-costmodel-1":
+            raise CostModelError(f"{path} is not a kernelcraft cost model")
+        m = cls(d["kind"])
+        if d["features"] != m.names:
+            raise CostModelError(f"{path} was trained on other features (an older kernelcraft?): retrain it")
+        m.booster, m.n_train = lgb.Booster(model_str=d["model"]), d["n_train"]
+        return m
+
+
+def _r2(y: list[float], p: list[float]) -> float:
+    mean = sum(y) / len(y)
+    ss_tot = sum((a - mean) ** 2 for a in y)
+    return 1 - sum((a - b) ** 2 for a, b in zip(y, p)) / ss_tot if ss_tot > 0 else float("nan")
+
+
+def _spearman(y: list[float], p: list[float]) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            r[i] = float(rank)
+        return r
+    return _pearson(ranks(y), ranks(p))
+
+
+def _pearson(a: list[float], b: list[float]) -> float:
+    n = len(a)
+    ma, mb = sum(a) / n, sum(b) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
+    va, vb = sum((x - ma) ** 2 for x in a), sum((y - mb) ** 2 for y in b)
+    return cov / math.sqrt(va * vb) if va > 0 and vb > 0 else float("nan")
+
+
+def holdout(records: list[dict], kind: str, **model_options) -> dict:
+    """Leave-one-shape-out: for each shape (record `group`), a model trained on the others predicts it."""
+    recs = [r for r in records if r["kernel"].kind == kind]
+    groups = sorted({r["group"] for r in recs})
+    if len(groups) < 2:
+        raise CostModelError(f"holdout needs measurements of 2 shapes or more, not {len(groups)}")
+    ys, ps, per = [], [], {}
+    for g in groups:
+        test = [r for r in recs if r["group"] == g]
+        model = CostModel(kind, **model_options).fit([r for r in recs if r["group"] != g])
+        pred = []
+        for r in test:
+            pred += model.predict(r["kernel"], r["shape"], [r["config"]], [r.get("features")])
+        y = [r["ms"] for r in test]
+        ys += y
+        ps += pred
+        per[g] = {"n": len(y), "r2": _r2(y, pred), "mape": sum(abs(b - a) / a for a, b in zip(y, pred)) / len(y),
+                  "spearman": _spearman(y, pred)}
+    logs = [math.log(v) for v in ys], [math.log(v) for v in ps]
+    return {"kind": kind, "shapes": len(groups), "n": len(ys), "r2": _r2(ys, ps), "r2_log": _r2(*logs),
+            "mape": sum(abs(b - a) / a for a, b in zip(ys, ps)) / len(ys),
+            "spearman_within_median": sorted(p["spearman"] for p in per.values())[len(per) // 2],
+            "per_shape": per}

@@ -1,0 +1,225 @@
+"""Judge v2's building blocks, each on its own: the seccomp filter, freezing, audits, arenas, the wire — and the
+record a verdict carries. (The attacks themselves are fixtures: tests/fixtures/hacks/v2_*.py, run by test_guards.)
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelcraft.evaluate import evaluate
+from kernelcraft.judge import arena, isolation
+from kernelcraft.judge.wire import Closed, JudgeEnd, SideEnd
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SECCOMP = platform.machine() in ("x86_64", "aarch64")
+
+
+def _in_child(fn) -> int:
+    """Run fn() in a forked child; its return value (0-255) is the exit code."""
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = int(fn())
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.WEXITSTATUS(status)
+
+
+@pytest.mark.skipif(not SECCOMP, reason="seccomp filter only on x86_64/aarch64")
+def test_seccomp_filter_fences_off_protected_pids():
+    parent = os.getpid()
+    bystander = os.fork()
+    if bystander == 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        def child():
+            if not isolation.install_filter([parent, bystander]):
+                return 10
+            results = []
+            for call in (lambda: os.kill(parent, 0), lambda: os.kill(bystander, 0), lambda: os.kill(-1, 0),
+                         lambda: os.sched_setaffinity(bystander, {0}), lambda: os.setsid(),
+                         lambda: os.setpriority(os.PRIO_PROCESS, bystander, 19)):
+                try:
+                    call()
+                    results.append(False)
+                except PermissionError:
+                    results.append(True)
+            if not all(results):
+                return 20 + results.index(False)
+            # what stays allowed: its own process, its own children, its own affinity
+            os.kill(os.getpid(), 0)
+            os.sched_setaffinity(0, os.sched_getaffinity(0))
+            kid = os.fork()
+            if kid == 0:
+                time.sleep(30)
+                os._exit(0)
+            os.kill(kid, signal.SIGKILL)
+            os.waitpid(kid, 0)
+            return 0
+
+        assert _in_child(child) == 0
+    finally:
+        os.kill(bystander, signal.SIGKILL)
+        os.waitpid(bystander, 0)
+
+
+def test_freeze_and_thaw_a_child():
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        while True:
+            os.write(w, b"x")
+            time.sleep(0.005)
+    try:
+        assert os.read(r, 1) == b"x"  # running (and past its setsid)
+        isolation.freeze(pid)
+        time.sleep(0.05)
+        while True:  # drain what it wrote before it stopped
+            os.set_blocking(r, False)
+            try:
+                if not os.read(r, 4096):
+                    break
+            except BlockingIOError:
+                break
+        time.sleep(0.1)
+        with pytest.raises(BlockingIOError):
+            os.read(r, 4096)  # frozen: nothing new
+        isolation.thaw(pid)
+        time.sleep(0.1)
+        assert os.read(r, 4096)  # running again
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    with pytest.raises(isolation.SideGone):
+        isolation.freeze(pid)  # reaped: not a child any more
+
+
+def test_audit_sees_a_renice_of_the_reference_and_an_adopted_orphan():
+    """Played in a forked "judge" (its only children: the two sides), as in a real evaluation."""
+    def judge():
+        ref = os.fork()
+        if ref == 0:
+            time.sleep(30)
+            os._exit(0)
+        cand = os.fork()
+        if cand == 0:
+            os.setsid()
+            time.sleep(30)
+            os._exit(0)
+        isolation.harden_judge()  # a subreaper: orphans come here
+        audit = isolation.Audit(os.getpid(), {"reference": ref, "candidate": cand})
+        try:
+            if audit.problems():
+                return 10
+            os.setpriority(os.PRIO_PROCESS, ref, 10)
+            found = audit.problems()
+            if not (found and "re-scheduled" in found[0]):
+                return 11
+            os.setpriority(os.PRIO_PROCESS, ref, 0) if os.geteuid() == 0 else None
+            orphan = os.fork()  # stands in for a candidate's double-forked grandchild, re-parented here
+            if orphan == 0:
+                time.sleep(30)
+                os._exit(0)
+            found = audit.problems()
+            if not any("detached" in f and str(orphan) in f for f in found):
+                return 12
+            audit.kill_strays()
+            os.waitpid(orphan, 0)
+            return 0
+        finally:
+            for p in (ref, cand):
+                os.kill(p, signal.SIGKILL)
+                os.waitpid(p, 0)
+
+    assert _in_child(judge) == 0
+
+
+def test_arena_bytes_cross_to_a_forked_side():
+    specs = [arena.TensorSpec((4, 3), (3, 1), "float32"), None, arena.TensorSpec((3, 4), (1, 3), "int64")]
+    a = arena.Arena(specs, torch.device("cpu"))
+    desc, fds = a.handle()
+    mine, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            msg, got = SideEnd(theirs).recv()
+            views = arena.attach(msg["arena"], got)
+            assert views[1] is None and views[2].stride() == (1, 3)
+            views[0].copy_(torch.arange(12, dtype=torch.float32).view(4, 3))
+            views[2].fill_(7)
+            SideEnd(theirs).send({"type": "ok"})
+            code = 0
+        finally:
+            os._exit(code)
+    JudgeEnd(mine).send({"arena": desc}, fds)
+    assert JudgeEnd(mine).recv() == {"type": "ok"}
+    os.waitpid(pid, 0)
+    assert torch.equal(a.tensors[0], torch.arange(12, dtype=torch.float32).view(4, 3))
+    assert bool((a.tensors[2] == 7).all())
+
+
+def test_wire_refuses_oversized_and_non_object_frames():
+    mine, theirs = socket.socketpair()
+    theirs.sendall(struct.pack("!I", 1 << 30))
+    with pytest.raises(ValueError):
+        JudgeEnd(mine).recv()
+    mine, theirs = socket.socketpair()
+    data = json.dumps([1, 2]).encode()
+    theirs.sendall(struct.pack("!I", len(data)) + data)
+    with pytest.raises(ValueError):
+        JudgeEnd(mine).recv()
+    theirs.close()
+    with pytest.raises(Closed):
+        JudgeEnd(mine).recv()
+
+
+def test_verdict_records_the_judges_clock_and_isolation(tmp_path):
+    v = evaluate(FIXTURES / "tasks" / "tiny_elementwise.py", FIXTURES / "legit" / "torch_elementwise.py",
+                 device="cpu", time_budget_s=0.3, remeasure_above=None, cache_dir=tmp_path)
+    assert v.status == "correct", v.message
+    t = v.timing
+    assert t.clock == "judge" and t.overhead_ms > 0 and t.audits >= 2
+    assert t.host_ref_ms > t.ref_ms  # the round trip's overhead was subtracted
+    iso = v.env.isolation
+    assert iso["non_dumpable"] and iso["subreaper"] and iso["candidate"]["pdeathsig"]
+    assert iso["candidate"]["seccomp"] == SECCOMP
+    for g in ("separate_processes", "secret_inputs", "inputs_verified", "outputs_poisoned", "frozen_peer",
+              "judge_clock", "audits"):
+        assert g in v.guards, v.guards
+
+
+def test_inputs_are_fresh_and_secret_every_evaluation(tmp_path):
+    """Two evaluations with the same protocol seed see different inputs (no input is derivable from the seed),
+    while the weights stay KernelBench-compatible (identical for the same seed)."""
+    cand = tmp_path / "record.py"
+    out = tmp_path / "seen.txt"
+    cand.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+        "    def __init__(self, alpha):\n        super().__init__()\n        self.alpha = alpha\n"
+        f"        open({str(out)!r}, 'a').write('w ' + repr(float(torch.randn(1))) + '\\n')\n\n"
+        "    def forward(self, a, b):\n"
+        f"        open({str(out)!r}, 'a').write('x ' + repr(float(a.flatten()[0])) + '\\n')\n"
+        "        return self.alpha * a + b\n")
+    for _ in range(2):
+        v = evaluate(FIXTURES / "tasks" / "tiny_elementwise.py", cand, device="cpu", timing=False, screen=False,
+                     cache_dir=tmp_path / "cache")
+        assert v.status == "correct", v.message
+    lines = out.read_text().split("\n")
+    weights = {ln for ln in lines if ln.startswith("w ")}
+    inputs = [ln for ln in lines if ln.startswith("x ")]
+    assert len(weights) == 1, "the same seed gives the same weights"
+    assert len(inputs) == 10 and len(set(inputs)) == 10, "every trial of every evaluation sees fresh inputs"

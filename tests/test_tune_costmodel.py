@@ -1,0 +1,78 @@
+"""The learned cost model: featurising, training, held-out evaluation and persistence (needs lightgbm, the
+`tune` extra, which the `test` extra includes)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from kernelcraft.search.recipes import tunable
+from kernelcraft.tune import costmodel
+
+pytest.importorskip("lightgbm")
+
+KERNEL = tunable.Kernel("gemm", "float16", epilogue="out = acc")
+SHAPES = [{"M": m, "N": n, "K": k} for m, n, k in [(1024, 1024, 1024), (2048, 1024, 4096), (4096, 4096, 512),
+                                                   (512, 8192, 2048), (8192, 2048, 1024)]]
+
+
+def _ms(shape, cfg) -> float:
+    """A synthetic runtime: roofline time divided by an efficiency that depends on the configuration."""
+    k = tunable.knobs("gemm")
+    eff = 0.8 / (1 + 0.2 * abs(k["BLOCK_M"].index(cfg["BLOCK_M"]) - 1)
+                 + 0.3 * abs(k["num_warps"].index(cfg["num_warps"]) - 1) + 0.15 * abs(k["num_stages"].index(cfg["num_stages"]) - 1) + 0.1 * (cfg["GROUP_M"] == 1))
+    return costmodel.roofline_ms(KERNEL, shape) / eff
+
+
+def _records():
+    rows = []
+    for i, shape in enumerate(SHAPES):
+        for cfg in tunable.all_configs(KERNEL, shape)[::2]:
+            rows.append({"shape": f"s{i}", "kernel": KERNEL.to_json(), "size": shape, "config": cfg,
+                         "features": {"regs": 128.0, "occupancy": 0.25}, "ok": True, "ms": _ms(shape, cfg)})
+    rows.append({"shape": "s0", "kernel": KERNEL.to_json(), "size": SHAPES[0], "config": rows[0]["config"],
+                 "ok": False, "reason": "compile_error"})  # failures never train the model
+    return rows
+
+
+def test_featurize_is_fixed_width_and_marks_unknown_features():
+    cfg = tunable.default_config(KERNEL, SHAPES[0])
+    names = costmodel.feature_names("gemm")
+    row = costmodel.featurize(KERNEL, SHAPES[0], cfg, None)
+    assert len(row) == len(names) and math.isnan(row[names.index("c_regs")])
+    row = costmodel.featurize(KERNEL, SHAPES[0], cfg, {"regs": 96.0})
+    assert row[names.index("c_regs")] == 96.0
+    rk = tunable.Kernel("rownorm", "float32", op="softmax")
+    assert len(costmodel.featurize(rk, {"rows": 8, "cols": 4096}, tunable.default_config(rk, {"rows": 8, "cols": 4096}))) \
+        == len(costmodel.feature_names("rownorm"))
+
+
+def test_train_predict_and_holdout_on_unseen_shapes():
+    recs = costmodel.records_of(_records())
+    assert all(r["ms"] > 0 for r in recs)
+    h = costmodel.holdout(recs, "gemm", rounds=120)
+    assert h["shapes"] == len(SHAPES) and h["r2"] > 0.8 and h["mape"] < 0.25, h
+    assert h["spearman_within_median"] > 0.6, h
+
+
+def test_save_load_round_trip_and_refusals(tmp_path):
+    recs = costmodel.records_of(_records())
+    m = costmodel.CostModel("gemm", rounds=50).fit(recs)
+    cfgs = tunable.all_configs(KERNEL, SHAPES[1])[:5]
+    before = m.predict(KERNEL, SHAPES[1], cfgs)
+    path = m.save(tmp_path / "m.json")
+    again = costmodel.CostModel.load(path)
+    assert again.predict(KERNEL, SHAPES[1], cfgs) == pytest.approx(before) and again.n_train == len(recs)
+    d = json.loads(path.read_text())
+    d["features"] = d["features"][:-1]
+    (tmp_path / "old.json").write_text(json.dumps(d))
+    with pytest.raises(costmodel.CostModelError, match="other features"):
+        costmodel.CostModel.load(tmp_path / "old.json")
+    (tmp_path / "junk.json").write_text("{}")
+    with pytest.raises(costmodel.CostModelError, match="not a kernelcraft cost model"):
+        costmodel.CostModel.load(tmp_path / "junk.json")
+    with pytest.raises(costmodel.CostModelError, match="too few"):
+        costmodel.CostModel("gemm").fit(recs[:3])
+    with pytest.raises(costmodel.CostModelError, match="not trained"):
+        costmodel.CostModel("rownorm").predict(KERNEL, SHAPES[0], cfgs)
