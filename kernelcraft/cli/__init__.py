@@ -4,15 +4,31 @@ Design decisions
 - Every command is a call into the library plus printing. With `--json` the last line of stdout is the
   JSON record and nothing else goes to stdout after it; human output is rich tables/panels.
 - Exit status 0 whenever a verdict was reached (whatever it says); 2 with a one-line message for usage
-  errors: missing file, unknown task, bad option.
+  errors: missing file, unknown task, bad option; `tasks --check` exits 1 when it flags a task (a check,
+  not a verdict: scripts gate on it).
+- Output to a pipe or file is never wrapped (`common._console`): what a script or a file receives is
+  what was printed. `--version` prints one line.
 - One module per group of commands (`judge`: eval, tasks; `optimize`: optimize, report; `bench`;
   `serve`), each registering on the one app of `common`, which also declares the protocol options.
 """
+import sys
+
 from kernelcraft.cli import bench, judge, optimize, serve, train, tune  # noqa: F401  (each registers its commands)
 from kernelcraft.cli.common import app
 
 
 def main() -> None:
+    import warnings
+
+    # torch warns on import when numpy is missing (numpy is not a dependency): not the user's business
+    warnings.filterwarnings("ignore", message=r".*(NumPy|numpy).*", category=UserWarning)
+    if not sys.stdout.isatty():  # --help into a pipe: option names whole, not cut at 80 columns
+        try:
+            import typer.rich_utils as rich_utils
+
+            rich_utils.MAX_WIDTH = rich_utils.MAX_WIDTH or 200
+        except (ImportError, AttributeError):
+            pass
     app()
 
 

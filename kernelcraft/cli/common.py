@@ -23,8 +23,32 @@ from kernelcraft.protocol import Protocol, ProtocolError, describe_problems
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kernelcraft: trustworthy evaluation and automatic optimization of GPU code.")
-console = Console(stderr=True)
-out = Console()
+
+
+def _console(stderr: bool = False) -> Console:
+    """A terminal gets rich's layout at its width; a pipe or a file gets lines that are never wrapped
+    (rich would cut them at 80 columns: a task's source piped to a file stopped being Python)."""
+    stream = sys.stderr if stderr else sys.stdout
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    return Console(stderr=stderr) if tty else Console(stderr=stderr, width=400, soft_wrap=True)
+
+
+console = _console(stderr=True)
+out = _console()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from kernelcraft.version import __version__
+
+        sys.stdout.write(f"kernelcraft {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    """kernelcraft: trustworthy evaluation and automatic optimization of GPU code."""
 
 
 def usage_error(msg: str) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -74,9 +75,10 @@ def tasks_cmd(
         return
     if show_source:
         try:
-            out.print(load_task(show_source).source, markup=False, highlight=False)
+            source = load_task(show_source).source
         except TaskError as e:
             usage_error(str(e))
+        sys.stdout.write(source if source.endswith("\n") else source + "\n")  # verbatim: it is a Python file
         return
     tiers = [tier] if tier else list(TIERS)
     if tier and tier not in TIERS:
@@ -114,8 +116,9 @@ def _check_tasks(names: list[str], device: Optional[str], as_json: bool) -> None
         print_json({"checked": len(results), "degenerate": [r for r in results if not r["ok"]],
                      "results": results})
     else:
-        bad = sum(not r["ok"] for r in results)
-        out.print(f"{len(results)} checked, {bad} degenerate")
+        out.print(f"{len(results)} checked, {sum(not r['ok'] for r in results)} degenerate")
+    if any(not r["ok"] for r in results):
+        raise typer.Exit(1)  # scripts can tell a flagged task from a clean run
 
 
 def _first_docstring(source: str) -> str:
