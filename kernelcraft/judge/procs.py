@@ -59,6 +59,20 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+_SIGNAL_WORDS = {"SIGSEGV": "a segmentation fault", "SIGABRT": "an abort", "SIGBUS": "a bus error",
+                 "SIGFPE": "a floating-point exception", "SIGKILL": "SIGKILL (out of host memory?)",
+                 "SIGILL": "an illegal instruction"}
+
+
+def describe_signal(sig: int) -> str:
+    """A signal that killed a process, in words ("a segmentation fault"), for death messages."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    return _SIGNAL_WORDS.get(name, name)
+
+
 def kill_tagged(tag: str) -> None:
     for pid in tagged_processes(tag):
         try:

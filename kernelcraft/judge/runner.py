@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelcraft.judge import sandbox, zygote
-from kernelcraft.judge.procs import CHANNEL_FD_VAR, WORKER_TAG_VAR, kill_tagged
+from kernelcraft.judge.procs import CHANNEL_FD_VAR, WORKER_TAG_VAR, describe_signal, kill_tagged
 
 MAX_CHANNEL_BYTES = 16 << 20
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding kernelcraft/
@@ -255,14 +255,7 @@ def describe_workers(mode: str | None = None) -> dict:
 def describe_death(out: WorkerOutcome) -> str:
     rc = out.returncode
     if rc is not None and rc < 0:
-        try:
-            name = signal.Signals(-rc).name
-        except ValueError:
-            name = f"signal {-rc}"
-        what = {"SIGSEGV": "a segmentation fault", "SIGABRT": "an abort", "SIGBUS": "a bus error",
-                "SIGFPE": "a floating-point exception", "SIGKILL": "SIGKILL (out of host memory?)",
-                "SIGILL": "an illegal instruction"}.get(name, name)
-        head = f"the worker died from {what} during {out.phase}"
+        head = f"the worker died from {describe_signal(-rc)} during {out.phase}"
     else:
         head = f"the worker exited with code {rc} during {out.phase} without reporting (os._exit or sys.exit?)"
     return head + (f"\n--- worker output (tail) ---\n{out.log_tail}" if out.log_tail else "")

@@ -67,7 +67,8 @@ def classify(exc: BaseException, phase: str, path: str, build: BuildCache | None
     return Reject("runtime_error", ["exception"], f"exception during {phase}: {msg}")
 
 
-def _import_file(path: str, name: str):
+def import_file(path: str, name: str):
+    """Import a module from a file under `name` (registered in sys.modules: dataclasses and pickling need it)."""
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
@@ -75,9 +76,14 @@ def _import_file(path: str, name: str):
     return mod
 
 
+def _plain(value):
+    """A non-tensor output as JSON carries it: plain scalars as they are, anything else as its repr."""
+    return value if isinstance(value, (int, float, bool, str, type(None))) else repr(value)
+
+
 class Side:
-    def __init__(self, role: str, end: SideEnd):
-        self.role, self.end = role, end
+    def __init__(self, role: str):
+        self.role = role
         self.phase = "start"
         self.model = None
         self.inputs: list = []
@@ -87,7 +93,6 @@ class Side:
         self.build: BuildCache | None = None
         self.state = None
         self.path = ""
-        self.guards: list[str] = []
         self.peers: frozenset[int] = frozenset()  # the judge and the other side: not the candidate's processes
 
     # -- commands ---------------------------------------------------------------------------------------
@@ -112,7 +117,7 @@ class Side:
                     pass
             self.state = guards.ProcessState.capture()
             self.state.watch_harness(None)
-        mod = _import_file(self.path, "kernelcraft_" + self.role)
+        mod = import_file(self.path, "kernelcraft_" + self.role)
         cls_name = "ModelNew" if self.role == "candidate" else "Model"
         self.cls = getattr(mod, cls_name, None)
         if not isinstance(self.cls, type):
@@ -186,7 +191,7 @@ class Side:
             if isinstance(o, torch.Tensor):
                 specs.append({"shape": list(o.shape), "dtype": str(o.dtype).removeprefix("torch.")})
             else:
-                specs.append({"value": o if isinstance(o, (int, float, bool, str, type(None))) else repr(o)})
+                specs.append({"value": _plain(o)})
         return {"type": "ok", "kind": kind, "items": specs}
 
     def cmd_run(self, msg: dict, fds) -> dict:
@@ -201,8 +206,7 @@ class Side:
         snap = check and self.device.type == "cuda"
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        values = [None if buf is not None else (o if isinstance(o, (int, float, bool, str, type(None))) else repr(o))
-                  for buf, o in zip(self.outs, items)]
+        values = [None if buf is not None else _plain(o) for buf, o in zip(self.outs, items)]
         if check:
             self._tripwires(items, snap)
         return {"type": "done", "values": values}
@@ -241,7 +245,6 @@ class Side:
 
     def _tripwires(self, items, snap) -> None:
         """Candidate only, on correctness trials: what it did to its own process (bad news is trusted)."""
-        self.guards = ["process_state", "threads", "output_snapshot"]
         if snap and not all(tripwires.same_values(b, o) for b, o in zip(self.outs, items) if b is not None):
             raise Reject("rejected", ["extra_stream"], "the output changed after forward returned "
                          "(work still running on another stream)")
@@ -288,7 +291,7 @@ def serve(role: str, sock, protected: list[int]) -> None:
     """The side's main loop (never returns: the process exits when the judge closes the wire)."""
     hardening = isolation.harden_side(role, protected)
     end = SideEnd(sock)
-    side = Side(role, end)
+    side = Side(role)
     side.peers = frozenset(protected)
     send = end.send
     while True:

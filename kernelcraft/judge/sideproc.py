@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kernelcraft.judge import isolation, side as side_mod, timing
 from kernelcraft.judge.guards import Reject
+from kernelcraft.judge.procs import describe_signal
 from kernelcraft.judge.wire import Closed, JudgeEnd
 from kernelcraft.verdict import REASONS
 
@@ -29,14 +30,7 @@ BAD_STATUSES = ("incorrect", "compile_error", "runtime_error", "timeout", "rejec
 
 def _signal_name(status: int) -> str:
     if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        return {"SIGSEGV": "a segmentation fault", "SIGABRT": "an abort", "SIGBUS": "a bus error",
-                "SIGFPE": "a floating-point exception", "SIGKILL": "SIGKILL (out of host memory?)",
-                "SIGILL": "an illegal instruction"}.get(name, name)
+        return describe_signal(os.WTERMSIG(status))
     if os.WIFEXITED(status):
         return f"exit code {os.WEXITSTATUS(status)} (os._exit or sys.exit?)"
     return f"wait status {status}"

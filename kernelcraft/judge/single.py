@@ -10,11 +10,10 @@ Design decisions
 """
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from kernelcraft.judge.guards import Reject
+from kernelcraft.judge.side import import_file
 
 
 class Single:
@@ -47,9 +46,7 @@ class Single:
     def probe(self) -> dict:
         """Is the task degenerate? Run only the reference: constant, near-zero, or input/weight-blind output."""
         self.enter("reference")
-        spec = importlib.util.spec_from_file_location("kernelcraft_reference", self.job["task_path"])
-        ref_mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(ref_mod)
+        ref_mod = import_file(self.job["task_path"], "kernelcraft_reference")
         self.enter("probe")
         seed = self.job["protocol"]["seed"]
         device = self.device

@@ -36,7 +36,6 @@ faulthandler.enable()
 from kernelcraft.judge import timing  # noqa: E402  (binds clocks before anything else)
 
 import fcntl  # noqa: E402
-import importlib.util  # noqa: E402
 import random  # noqa: E402
 import secrets  # noqa: E402
 import signal  # noqa: E402
@@ -64,13 +63,6 @@ class Channel:
     def send(self, kind: str, **data) -> None:
         self._f.write(json.dumps({"nonce": self._nonce, "type": kind, **data}, default=str) + "\n")
         self._f.flush()
-
-
-def _import_task(path: str):
-    spec = importlib.util.spec_from_file_location("kernelcraft_task", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class Evaluation:
@@ -102,7 +94,7 @@ class Evaluation:
             self.result["env"]["gpu"] = torch.cuda.get_device_name(0)
         self.enter("reference")
         try:
-            self.task = _import_task(job["task_path"])
+            self.task = side_mod.import_file(job["task_path"], "kernelcraft_task")
         except Exception as e:
             raise Reject("runtime_error", ["task_error"], "the reference task failed to import: "
                          + side_mod.describe_exception(e)) from None
@@ -154,7 +146,6 @@ class Evaluation:
         first = self._draw()
         self.in_specs = [TensorSpec.of(t) if isinstance(t, torch.Tensor) else None for t in first]
         values = [None if isinstance(t, torch.Tensor) else t for t in first]
-        self.values = values
         self.in_arenas = {}
         for s in (self.ref, self.cand):
             a = Arena(self.in_specs, self.device)
@@ -205,6 +196,12 @@ class Evaluation:
         return all(buf is None or tripwires.same_values(buf, x)
                    for buf, x in zip(self.in_arenas[role].tensors, self.current))
 
+    def _check_mutation(self, when: str) -> None:
+        """The candidate wrote to its inputs: flagged unless the reference wrote to its own too (an in-place
+        reference makes mutation part of the task)."""
+        if not self._inputs_intact("candidate") and self._inputs_intact("reference"):
+            raise Reject("incorrect", ["input_mutation"], f"{when}: the candidate modified its inputs")
+
     def _poison(self) -> None:
         for a in self.out_arenas.values():
             a.base.fill_(255)  # all bits set: NaN in every float format, -1 in ints
@@ -231,9 +228,7 @@ class Evaluation:
                     torch.cuda.synchronize()
             ref_out = self._output("reference", replies["reference"].get("values", []), copy=True)
             cand_out = self._output("candidate", list(replies["candidate"].get("values", [])), copy=True)
-            ref_intact = self._inputs_intact("reference")
-            if not self._inputs_intact("candidate") and ref_intact:
-                raise Reject("incorrect", ["input_mutation"], f"trial {t + 1}: the candidate modified its inputs")
+            self._check_mutation(f"trial {t + 1}")
             _reference_sane(ref_out)
             cmp = compare_outputs(ref_out, cand_out, p["atol"], p["rtol"])
             max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
@@ -285,10 +280,7 @@ class Evaluation:
             return got["reference"]
 
         def check_round(i: int) -> None:
-            for role in ("reference", "candidate"):
-                if not self._inputs_intact(role) and role == "candidate" and self._inputs_intact("reference"):
-                    raise Reject("incorrect", ["input_mutation"], "the candidate modified its inputs during a "
-                                 "timed call")
+            self._check_mutation("during a timed call")
             ref_out = self._output("reference", replies["reference"].get("values", []), copy=False)
             cand_out = self._output("candidate", list(replies["candidate"].get("values", [])), copy=False)
             if not (self.guarded and sampler.agrees(ref_out, cand_out)):
