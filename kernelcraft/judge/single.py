@@ -6,7 +6,8 @@ Design decisions
   output, as `evaluate.check_task` documents.
 - `build_only` imports the candidate *in the candidate's side process* (never in the judge), so its
   inline extensions land in the build cache; import errors other than a failed build are left for the
-  real evaluation.
+  real evaluation. It runs at a lower CPU priority (`BUILD_NICE`): the pool builds on every core while
+  another evaluation is timed with the judge's host clock, which must not lose its core to nvcc.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 
 from kernelcraft.judge.guards import Reject
 from kernelcraft.judge.side import import_file
+
+BUILD_NICE = 10  # added niceness of a prebuild (nvcc and its children inherit it)
 
 
 class Single:
@@ -33,7 +36,7 @@ class Single:
         try:
             got = self.sides["candidate"].request(dict(
                 cmd="import", path=self.job["candidate_path"], device="cpu", cache_dir=self.job["cache_dir"],
-                arch=self.job.get("arch"), strict=False, guarded=False), phase="import")
+                arch=self.job.get("arch"), strict=False, guarded=False, nice=BUILD_NICE), phase="import")
         except Reject as r:
             if "build_failed" in r.reasons or r.status == "timeout":
                 raise

@@ -205,6 +205,8 @@ class Evaluation:
     def _poison(self) -> None:
         for a in self.out_arenas.values():
             a.base.fill_(255)  # all bits set: NaN in every float format, -1 in ints
+        if self.device.type == "cuda":  # the fill runs in the judge's context: nothing orders it before a side's
+            torch.cuda.synchronize()    # copy, so a late fill could overwrite an honest output with poison
 
     def _output(self, role: str, values: list, copy: bool):
         items = [(t.clone() if copy else t) if t is not None else v
