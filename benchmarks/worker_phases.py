@@ -96,7 +96,7 @@ def main() -> int:
         calls.clear()
         sides = {"reference": sideproc.SideProc.fork("reference", [os.getpid()], [w])}
         sides["candidate"] = sideproc.SideProc.fork("candidate", [os.getpid(), sides["reference"].pid],
-                                             [w, sides["reference"].end.sock.fileno()])
+                                                    [w, sides["reference"].end.sock.fileno()])
         ev = W.Evaluation(job, W.Channel(os.dup(w), "phases"), sides, {})
         try:
             res = ev.run()

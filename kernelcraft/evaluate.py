@@ -14,6 +14,7 @@ Design decisions
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import re
@@ -28,7 +29,7 @@ from pathlib import Path
 from kernelcraft import devices
 from kernelcraft.builder import pch
 from kernelcraft.candidate import Candidate, load_candidate, needs_build, preloads, structure_problem
-from kernelcraft.judge import runner
+from kernelcraft.judge import runner, warm
 from kernelcraft.judge.screen import screen as static_screen
 from kernelcraft.protocol import Protocol
 from kernelcraft.task import Task, load_task
@@ -43,7 +44,7 @@ def _env(worker_env: dict | None, start: str | None = None) -> Env:
     return Env(kernelcraft=__version__, torch=e.get("torch", torch.__version__),
                cuda=e.get("cuda", torch.version.cuda), gpu=e.get("gpu"),
                python=e.get("python", sys.version.split()[0]), kernel_tracer=e.get("kernel_tracer"),
-               worker_start=start, isolation=e.get("isolation"))
+               worker_start=start, isolation=e.get("isolation"), reference=e.get("reference"))
 
 
 def evaluate(
@@ -158,7 +159,9 @@ def _evaluate_once(task, candidate, proto: Protocol, *, device: str, visible: st
                    device=device, protocol=proto.key(), cache_dir=str(root), kernel_names=scr.kernel_names,
                    lock_scope=lock_scope, needs_build=builds, preload=preloads(cand.source),
                    lock_path=_lock_path(root, visible))
-        out = runner.run_worker(job, work, root, visible, proto.timeout_s, proto.build_timeout_s)
+        # a judge kept from an earlier candidate of this task (same text, device, protocol) may take this one
+        warm_key = warm.key(hashlib.sha256(task.source.encode()).hexdigest(), device, proto.key())
+        out = runner.run_worker(job, work, root, visible, proto.timeout_s, proto.build_timeout_s, warm_key=warm_key)
         verdict = _assemble(base, out, proto.timeout_s, proto.build_timeout_s,
                             expect={"trials": proto.trials, "timing": proto.timing})
         verdict.phases_s = out.durations()

@@ -99,6 +99,7 @@ class Env(BaseModel):
     kernel_tracer: str | None = None  # strict mode on a GPU: how kernels were seen ("cupti" or the fallback)
     worker_start: str | None = None  # "fork" (from the zygote) or "spawn"
     isolation: dict | None = None  # how the candidate's process was fenced off (judge.isolation.describe)
+    reference: str | None = None  # "fresh" (imported and constructed for this candidate) or "warm" (judge.warm)
 
 
 class Verdict(BaseModel):

@@ -72,6 +72,11 @@ def harden_judge() -> dict:
     return {"non_dumpable": _prctl(_PR_SET_DUMPABLE, 0), "subreaper": _prctl(_PR_SET_CHILD_SUBREAPER, 1)}
 
 
+def die_with_parent() -> bool:
+    """SIGKILL this process when its parent dies (the forker with its judge)."""
+    return _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def harden_side(role: str, protected: list[int]) -> dict:
     """In a freshly forked side: die with the judge; the reference goes non-dumpable. Both get the seccomp
     filter (`protected`: pids a side must not reach): the candidate because it must not reach the others, the

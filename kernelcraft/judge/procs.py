@@ -73,8 +73,11 @@ def describe_signal(sig: int) -> str:
     return _SIGNAL_WORDS.get(name, name)
 
 
-def kill_tagged(tag: str) -> None:
+def kill_tagged(tag: str, keep=()) -> None:
+    """Kill every process carrying the tag, except `keep` (a warm judge and its reference, kept for reuse)."""
     for pid in tagged_processes(tag):
+        if pid in keep:
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernelcraft.judge import sandbox, zygote
+from kernelcraft.judge import sandbox, warm, zygote
 from kernelcraft.judge.procs import CHANNEL_FD_VAR, WORKER_TAG_VAR, describe_signal, kill_tagged
 
 MAX_CHANNEL_BYTES = 16 << 20
@@ -91,34 +91,104 @@ def worker_env(root: Path, visible_gpu: str | None) -> dict:
 
 
 def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
-               timeout_s: float, build_timeout_s: float) -> WorkerOutcome:
+               timeout_s: float, build_timeout_s: float, warm_key: str | None = None) -> WorkerOutcome:
+    """Run one job in a worker and watch it. With `warm_key` (candidates of one task, see `warm`), an idle
+    judge kept from an earlier job of that key takes it, and this one is kept if it ends cleanly."""
+    if warm_key is not None:  # the caller's key (task, protocol) and everything a worker is started with
+        base = {k: v for k, v in worker_env(root, visible_gpu).items() if k not in zygote.PER_JOB_ENV}
+        warm_key = warm.key(warm_key, str(root), visible_gpu, base)
+    if warm_key is not None and warm.enabled():
+        w = warm.take(warm_key)
+        if w is not None:
+            out = _run(job, work_dir, timeout_s, build_timeout_s, warm_key, w)
+            if out is not None:
+                return out
+    return _run(job, work_dir, timeout_s, build_timeout_s, warm_key if warm.enabled() else None, None,
+                root=root, visible_gpu=visible_gpu)
+
+
+def _run(job: dict, work_dir: Path, timeout_s: float, build_timeout_s: float, warm_key: str | None,
+         reuse: "warm.WarmWorker | None", root: Path | None = None, visible_gpu: str | None = None):
     out = WorkerOutcome()
     log_path = work_dir / "worker.log"
     nonce = secrets.token_hex(16)
-    r_fd, w_fd = os.pipe()
     t_start = time.monotonic()
-    with open(log_path, "wb") as log:
-        tag = secrets.token_hex(12)  # inherited by all the worker starts, also what leaves its process group
-        env = {**worker_env(root, visible_gpu), WORKER_TAG_VAR: tag, CHANNEL_FD_VAR: str(w_fd)}
-        proc, bwrapped = _fork(env, work_dir, root, log.fileno(), w_fd), False
-        if proc is not None:
-            out.start = "fork"
-        else:
-            argv, env = sandbox.prepare([sys.executable, "-m", "kernelcraft.judge.worker"], env,
-                                        work_dir=work_dir, cache_dir=root)
-            bwrapped = argv[0] == sandbox.bwrap_path()
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=log,
-                stderr=subprocess.STDOUT, pass_fds=(w_fd,), start_new_session=True, cwd=work_dir,
-                env=env)
+    job_tag = secrets.token_hex(12)  # this job's processes (all of them, when the worker starts with it)
+    job = {**job, "warm": warm_key is not None, "cwd": str(work_dir), "tag": job_tag}
+    if reuse is not None:
+        log_path.touch()
+        proc, r_fd, bwrapped, out.start, first_tag = reuse.proc, reuse.r_fd, reuse.bwrapped, reuse.start, reuse.tag
+        job["log_path"] = str(log_path)  # the candidate's fresh side writes here; the judge's log is its first job's
+    else:
+        r_fd, w_fd = os.pipe()
+        first_tag = job_tag
+        with open(log_path, "wb") as log:
+            env = {**worker_env(root, visible_gpu), WORKER_TAG_VAR: job_tag, CHANNEL_FD_VAR: str(w_fd)}
+            proc, bwrapped = _fork(env, work_dir, root, log.fileno(), w_fd), False
+            if proc is not None:
+                out.start = "fork"
+            else:
+                argv, env = sandbox.prepare([sys.executable, "-m", "kernelcraft.judge.worker"], env,
+                                            work_dir=work_dir, cache_dir=root)
+                bwrapped = argv[0] == sandbox.bwrap_path()
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.PIPE, stdout=log,
+                    stderr=subprocess.STDOUT, pass_fds=(w_fd,), start_new_session=True, cwd=work_dir,
+                    env=env)
+        os.close(w_fd)
     with _LIVE_LOCK:
-        _LIVE[proc.pid] = (proc, tag)
-    os.close(w_fd)
+        _LIVE[proc.pid] = (proc, first_tag)
     try:
-        proc.stdin.write((json.dumps({**job, "nonce": nonce, "fd": w_fd}) + "\n").encode())
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
+        proc.stdin.write((json.dumps({**job, "nonce": nonce}) + "\n").encode())
+        proc.stdin.flush()
+        if warm_key is None:
+            proc.stdin.close()
+    except (BrokenPipeError, OSError, ValueError):
+        if reuse is not None:  # it died while idle: not this candidate's doing, start a fresh one
+            reuse.kill()
+            with _LIVE_LOCK:
+                _LIVE.pop(proc.pid, None)
+            return None
+    _watch(out, r_fd, nonce, t_start, timeout_s, build_timeout_s)
+    kept = None
+    try:
+        if reuse is not None and out.result is None and not out.timed_out and not out.forged and not out.phases:
+            reuse.kill()  # died between jobs, before a word of this one: run it again in a fresh worker
+            return None
+        info = out.result.pop("warm", None) if isinstance(out.result, dict) else None
+        if (warm_key is not None and isinstance(info, dict) and info.get("kept") and not out.timed_out
+                and not out.forged):
+            pids = [int(p) for p in info.get("pids", []) if isinstance(p, int)]
+            kill_tagged(job_tag, keep=set(pids))  # what this job's candidate exec'd; never the judge's own
+            kept = warm.WarmWorker(proc, r_fd, first_tag, pids, bwrapped, out.start,
+                                   jobs=(reuse.jobs + 1) if reuse else 1)
+    finally:
+        if kept is None:
+            if not out.timed_out and not out.forged and out.result is None:
+                try:  # the channel closed without a result: let the worker exit by itself, to see its real status
+                    proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
+            os.close(r_fd)
+            _kill_group(proc)
+            kill_tagged(job_tag)  # descendants that left the process group (setsid, double fork)
+            kill_tagged(first_tag)
+            if reuse is not None:
+                reuse.kill()
+        with _LIVE_LOCK:
+            _LIVE.pop(proc.pid, None)
+        out.returncode = proc.returncode
+        if bwrapped and out.returncode is not None and out.returncode > 128:
+            out.returncode = 128 - out.returncode  # bwrap exits 128 + the signal that killed the worker
+        out.log_tail = _tail(log_path)
+    if kept is not None:
+        warm.put(warm_key, kept)
+    return out
+
+
+def _watch(out: WorkerOutcome, r_fd: int, nonce: str, t_start: float, timeout_s: float,
+           build_timeout_s: float) -> None:
+    """Read the channel until this job's result, a timeout, a forged message flood or the channel's end."""
     phase_start = t_start
     buf, total = b"", 0
     sel = selectors.DefaultSelector()
@@ -161,21 +231,6 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
                 break
     finally:
         sel.close()
-        os.close(r_fd)
-        if not out.timed_out and not out.forged and out.result is None:
-            try:  # the channel closed without a result: let the worker exit by itself, to see its real status
-                proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
-        _kill_group(proc)
-        kill_tagged(tag)  # descendants that left the process group (setsid, double fork)
-        with _LIVE_LOCK:
-            _LIVE.pop(proc.pid, None)
-        out.returncode = proc.returncode
-        if bwrapped and out.returncode is not None and out.returncode > 128:
-            out.returncode = 128 - out.returncode  # bwrap exits 128 + the signal that killed the worker
-        out.log_tail = _tail(log_path)
-    return out
 
 
 def _fork(env: dict, work_dir: Path, root: Path, log_fd: int, chan_fd: int):
@@ -207,6 +262,7 @@ def kill_live_workers() -> int:
     """
     with _LIVE_LOCK:
         live = list(_LIVE.values())
+    warm.discard_all()
     for proc, tag in live:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -149,6 +149,31 @@ class Side:
         torch.manual_seed(msg["seed"])
         model = self.cls(*init)
         self.model = model.to(self.device) if isinstance(model, torch.nn.Module) else model
+        if self.role == "reference":
+            self._initial = self._snapshot()
+        return {"type": "ok"}
+
+    def _snapshot(self) -> dict:
+        """The reference as constructed: weights, buffers, module modes, RNG states (what `reset` restores)."""
+        snap = {"rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state() if self.device.type == "cuda" else None}
+        if isinstance(self.model, torch.nn.Module):
+            snap["state"] = {k: v.detach().clone() for k, v in self.model.state_dict(keep_vars=False).items()}
+            snap["modes"] = [m.training for m in self.model.modules()]
+        return snap
+
+    def cmd_reset(self, msg: dict, fds) -> dict:
+        """A warm reference made ready for the next candidate: exactly as it was right after construction."""
+        self.phase = "reset"
+        snap = self._initial
+        if isinstance(self.model, torch.nn.Module):
+            with torch.no_grad():
+                self.model.load_state_dict(snap["state"], strict=True)
+            for m, mode in zip(self.model.modules(), snap["modes"]):
+                m.training = mode
+        torch.set_rng_state(snap["rng"])
+        if snap["cuda_rng"] is not None:
+            torch.cuda.set_rng_state(snap["cuda_rng"])
         return {"type": "ok"}
 
     def cmd_inputs(self, msg: dict, fds) -> dict:

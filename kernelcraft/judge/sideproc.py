@@ -39,8 +39,9 @@ def _signal_name(status: int) -> str:
 class SideProc:
     """The judge's handle on one side process."""
 
-    def __init__(self, role: str, pid: int, sock: socket.socket):
+    def __init__(self, role: str, pid: int, sock: socket.socket, log_path: str | None = None):
         self.role, self.pid, self.end = role, pid, JudgeEnd(sock)
+        self.log_path = log_path  # where its output goes when not the judge's own log (a warm judge's later job)
         self.frozen = False
         self.phase = "start"
         self.build_s = 0.0
@@ -65,6 +66,13 @@ class SideProc:
                 os._exit(0)
         theirs.close()
         return cls(role, pid, mine)
+
+    @classmethod
+    def from_forker(cls, forker, *, cwd: str, log_path: str | None, tag: str | None,
+                    protected: list[int]) -> "SideProc":
+        """A candidate side made by the judge's CUDA-free forker (`forker`): the judge's child all the same."""
+        pid, sock = forker.candidate(cwd=cwd, log_path=log_path, tag=tag, protected=protected, close_in_side=[])
+        return cls("candidate", pid, sock, log_path)
 
     def freeze(self) -> None:
         if not self.frozen:
@@ -138,12 +146,12 @@ class SideProc:
             what = f"the {self.role} process broke the wire protocol during {self.phase}: {exc}"
         if self.role == "reference":
             return Reject("runtime_error", ["task_error"], what)
-        return Reject("runtime_error", ["crashed"], what + _log_tail())
+        return Reject("runtime_error", ["crashed"], what + _log_tail(self.log_path))
 
 
-def _log_tail(lines: int = 25, max_chars: int = 3000) -> str:
+def _log_tail(path: str | None = None, lines: int = 25, max_chars: int = 3000) -> str:
     try:
-        text = Path(os.readlink("/proc/self/fd/1")).read_text(errors="replace")
+        text = Path(path or os.readlink("/proc/self/fd/1")).read_text(errors="replace")
     except OSError:
         return ""
     tail = "\n".join(text.strip().splitlines()[-lines:])[-max_chars:]

@@ -2,11 +2,13 @@
 
 Design decisions
 - Three roles, three processes. This one (started by the runner: forked by the `zygote` or spawned as
-  `python -m kernelcraft.judge.worker`) is the judge. Before it reads its job or touches CUDA it forks
-  the *reference* side and then the *candidate* side (`side.serve`), each in its own session and process
-  group, with stdin (the job), the result channel and the other side's wire closed (descriptors the
-  zygote's imports opened, NVML's and CUDA's, stay: their libraries believe them open); it makes itself
-  non-dumpable and a child subreaper (`isolation`). The candidate's process can corrupt only itself.
+  `python -m kernelcraft.judge.worker`) is the judge. Before it reads a job or touches CUDA it forks the
+  *reference* side and a CUDA-free `forker`, which makes every job's *candidate* side (`side.serve`); each
+  side runs in its own session and process group, with stdin (the job), the result channel and the other
+  side's wire closed (descriptors the zygote's imports opened, NVML's and CUDA's, stay: their libraries
+  believe them open); the judge is non-dumpable and a child subreaper (`isolation`). The candidate's
+  process can corrupt only itself. The process's life, one job after another with the reference kept warm
+  between candidates of one task, is `jobs`; this module is one job's sequence (`Evaluation`).
 - Data crosses as bytes. The judge draws every input itself from the task's `get_inputs()` with a seed
   from `os.urandom` that no side ever sees (fresh values every correctness trial and every timed round,
   so no input is a function of, or in the span of, inputs a side has seen), writes them into each side's
@@ -20,14 +22,12 @@ Design decisions
 - Phases are announced to the runner as before (reference, import, wait_device, init, check, time), so
   the build clock and the run clock, and the classification of a death, are unchanged. The device lock
   is the judge's (the sides never hold it).
-- The evaluation's sequence (phases, trials, timing rounds) reads in one place, a little past the ~400-line
-  guideline; the judge's handle on a side (`sideproc`), the side itself, the wire, the arenas, the
+- The evaluation's sequence (phases, trials, timing rounds) reads in one place; the judge's handle on a side (`sideproc`), the side itself, the wire, the arenas, the
   isolation and the clock are their own modules.
 """
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import sys
 
@@ -38,8 +38,6 @@ from kernelcraft.judge import timing  # noqa: E402  (binds clocks before anythin
 import fcntl  # noqa: E402
 import random  # noqa: E402
 import secrets  # noqa: E402
-import signal  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -48,27 +46,22 @@ from kernelcraft.judge import isolation, side as side_mod, tripwires  # noqa: E4
 from kernelcraft.judge.arena import Arena, TensorSpec  # noqa: E402
 from kernelcraft.judge.compare import compare_outputs  # noqa: E402
 from kernelcraft.judge.guards import Reject  # noqa: E402
+from kernelcraft.judge import jobs  # noqa: E402
+from kernelcraft.judge.jobs import Channel, Warm  # noqa: E402,F401  (Channel: the result channel's class)
 from kernelcraft.judge.procs import CHANNEL_FD_VAR  # noqa: E402
 from kernelcraft.judge.sideproc import SideProc  # noqa: E402
-from kernelcraft.judge.single import Single  # noqa: E402  (probe and build-only jobs)
 
 AUDIT_SHARE = 0.2  # share of timing rounds followed by an audit (at random: the candidate cannot tell which)
 
 
-class Channel:
-    def __init__(self, fd: int, nonce: str):
-        self._f = os.fdopen(fd, "w", buffering=1)
-        self._nonce = nonce
-
-    def send(self, kind: str, **data) -> None:
-        self._f.write(json.dumps({"nonce": self._nonce, "type": kind, **data}, default=str) + "\n")
-        self._f.flush()
-
-
 class Evaluation:
-    def __init__(self, job: dict, chan: Channel, sides: dict[str, SideProc], hardening: dict):
+    def __init__(self, job: dict, chan: Channel, sides: dict[str, SideProc], hardening: dict,
+                 warm: Warm | None = None):
         self.job, self.chan, self.sides = job, chan, sides
         self.ref, self.cand = sides["reference"], sides["candidate"]
+        self.warm = warm
+        self.ready: Warm | None = None  # set once the reference is known good: what a next job may reuse
+        self.forker_pid: int | None = None
         self.phase = "start"
         self.device_lock = None
         self.device = torch.device("cuda:0" if job["device"].startswith("cuda") else "cpu")
@@ -78,7 +71,8 @@ class Evaluation:
         self.build_s = 0.0
         self.result: dict = {"guards": [], "env": {
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
-            "gpu": None, "isolation": {**isolation.describe(), **hardening}}}
+            "gpu": None, "isolation": {**isolation.describe(), **hardening},
+            "reference": "warm" if warm else "fresh"}}
 
     def enter(self, phase: str, **data) -> None:
         self.phase = phase
@@ -93,13 +87,17 @@ class Evaluation:
             torch.cuda.init()
             self.result["env"]["gpu"] = torch.cuda.get_device_name(0)
         self.enter("reference")
-        try:
-            self.task = side_mod.import_file(job["task_path"], "kernelcraft_task")
-        except Exception as e:
-            raise Reject("runtime_error", ["task_error"], "the reference task failed to import: "
-                         + side_mod.describe_exception(e)) from None
         common = dict(device=str(self.device), cache_dir=job["cache_dir"], arch=job.get("arch"))
-        self.ref.request(dict(cmd="import", path=job["task_path"], **common), phase="reference")
+        if self.warm is not None:  # the same task's reference, kept from an earlier job: as constructed again
+            self.task = self.warm.task
+            self.ref.request({"cmd": "reset"}, phase="reference")
+        else:
+            try:
+                self.task = side_mod.import_file(job["task_path"], "kernelcraft_task")
+            except Exception as e:
+                raise Reject("runtime_error", ["task_error"], "the reference task failed to import: "
+                             + side_mod.describe_exception(e)) from None
+            self.ref.request(dict(cmd="import", path=job["task_path"], **common), phase="reference")
         device_scope = job.get("lock_scope") == "device"
         if device_scope and not job.get("needs_build", True):
             self._take_device()
@@ -115,7 +113,10 @@ class Evaluation:
             self._take_device()
         self.enter("init")
         self._construct()
-        self.audit = isolation.Audit(os.getpid(), {s.role: s.pid for s in (self.ref, self.cand)})
+        known = {s.role: s.pid for s in (self.ref, self.cand)}
+        if self.forker_pid:
+            known["forker"] = self.forker_pid  # the judge's other child: not an orphan the candidate left
+        self.audit = isolation.Audit(os.getpid(), known)
         self.enter("check")
         self._check()
         self._audit()
@@ -129,7 +130,13 @@ class Evaluation:
 
     def _take_device(self) -> None:
         self.enter("wait_device")
-        self.device_lock = _device_lock(self.job.get("lock_path")).__enter__()  # freed when the process exits
+        self.device_lock = _device_lock(self.job.get("lock_path")).__enter__()  # freed by `release`, or exit
+
+    def release(self) -> None:
+        """The end of this job: the device lock goes back (a warm judge lives on)."""
+        if self.device_lock is not None:
+            self.device_lock.__exit__(None, None, None)
+            self.device_lock = None
 
     def _construct(self) -> None:
         try:
@@ -138,31 +145,41 @@ class Evaluation:
             raise Reject("runtime_error", ["task_error"], "the task's get_init_inputs() failed: "
                          + side_mod.describe_exception(e)) from None
         msg = dict(cmd="construct", init=init, seed=self.p["seed"])
-        self.ref.request(msg, phase="init")
-        self.cand.request(msg, phase="init")
+        warm = self.warm
+        sides = (self.cand,) if warm else (self.ref, self.cand)  # a warm reference is constructed already
+        for s in sides:
+            s.request(msg, phase="init")
         if self.device.type == "cuda":  # the sides' construction finished before the judge's first draw
             torch.cuda.synchronize()
         torch.manual_seed(secrets.randbits(63))  # the judge's inputs: a seed no side can know
+        if warm:
+            self.in_specs, values = warm.in_specs, warm.values
         first = self._draw()
-        self.in_specs = [TensorSpec.of(t) if isinstance(t, torch.Tensor) else None for t in first]
-        values = [None if isinstance(t, torch.Tensor) else t for t in first]
-        self.in_arenas = {}
-        for s in (self.ref, self.cand):
+        if not warm:
+            self.in_specs = [TensorSpec.of(t) if isinstance(t, torch.Tensor) else None for t in first]
+            values = [None if isinstance(t, torch.Tensor) else t for t in first]
+        self.in_arenas = {"reference": warm.in_arena} if warm else {}
+        for s in sides:
             a = Arena(self.in_specs, self.device)
             desc, fds = a.handle()
             self.in_arenas[s.role] = a
             s.request(dict(cmd="inputs", arena=desc, values=values), fds)
         self._write_inputs(first)
-        d = self.ref.request({"cmd": "describe"}, phase="init")
-        self.out_kind = d["kind"]
-        self.out_specs = [TensorSpec(tuple(i["shape"]), _contiguous(i["shape"]), i["dtype"]) if "shape" in i else None
-                          for i in d["items"]]
-        self.out_arenas = {}
-        for s in (self.ref, self.cand):
+        if warm:
+            self.out_kind, self.out_specs = warm.out_kind, warm.out_specs
+        else:
+            d = self.ref.request({"cmd": "describe"}, phase="init")
+            self.out_kind = d["kind"]
+            self.out_specs = [TensorSpec(tuple(i["shape"]), _contiguous(i["shape"]), i["dtype"])
+                              if "shape" in i else None for i in d["items"]]
+        self.out_arenas = {"reference": warm.out_arena} if warm else {}
+        for s in sides:
             a = Arena(self.out_specs, self.device)
             desc, fds = a.handle()
             self.out_arenas[s.role] = a
             s.request(dict(cmd="outputs", arena=desc, kind=self.out_kind), fds)
+        self.ready = Warm(self.task, self.in_specs, values, self.in_arenas["reference"], self.out_specs,
+                          self.out_kind, self.out_arenas["reference"])
         self.result["guards"] += ["separate_processes", "secret_inputs", "inputs_verified", "outputs_poisoned"]
 
     # -- inputs and outputs ------------------------------------------------------------------------------
@@ -353,58 +370,8 @@ class _device_lock:
 
 
 def main(chan_fd: int | None = None) -> None:
-    """Fork the sides, read the job from stdin, judge, send the result on the channel."""
-    fd = chan_fd if chan_fd is not None else int(os.environ[CHANNEL_FD_VAR])
-    hardening = isolation.harden_judge()
-    sides = {}
-    try:  # before the job (and its nonce) is read: a side never has it in memory
-        sides["reference"] = SideProc.fork("reference", [os.getpid()], [fd])
-        sides["candidate"] = SideProc.fork("candidate", [os.getpid(), sides["reference"].pid],
-                                           [fd, sides["reference"].end.sock.fileno()])
-        for s in sides.values():
-            hardening[s.role] = s.request({"cmd": "hello"}).get("hardening")
-    except Exception as e:  # noqa: BLE001
-        sides_error = e
-    else:
-        sides_error = None
-    # the judge's own torch work (draws, copies, comparisons) runs single-threaded: an OpenMP pool here would
-    # spin after every op and compete with the side being timed for the host's cores
-    torch.set_num_threads(1)
-    job = json.loads(sys.stdin.readline())
-    sys.stdin.close()
-    os.close(0)
-    nonce = job.pop("nonce")
-    job.pop("fd", None)
-    chan = Channel(fd, nonce)
-    t0 = time.perf_counter()
-    ev = None
-    try:
-        if sides_error is not None:
-            raise Reject("runtime_error", ["harness_error"], f"kernelcraft could not start the sides: {sides_error}")
-        if job.get("probe") or job.get("build_only"):
-            ev = Single(job, chan, sides)
-            result = ev.probe() if job.get("probe") else ev.build_only()
-        else:
-            ev = Evaluation(job, chan, sides, hardening)
-            result = ev.run()
-        out = {"status": "correct", "reasons": [], "message": "", **result}
-    except BaseException as e:  # noqa: BLE001 - every failure becomes a verdict
-        rej = e if isinstance(e, Reject) else Reject(
-            "runtime_error", ["harness_error"], f"kernelcraft failed: {side_mod.describe_exception(e)}")
-        out = {"status": rej.status, "reasons": rej.reasons, "message": rej.message,
-               **(ev.result if ev is not None else {})}
-    for s in sides.values():
-        try:
-            os.killpg(s.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    out.update(build_s=max(getattr(ev, "build_s", 0.0), sides["candidate"].build_s if "candidate" in sides else 0.0),
-               worker_s=time.perf_counter() - t0,
-               phase=getattr(ev, "phase", "start"))
-    out.setdefault("build_cache", {"builds": 0, "hits": 0})
-    chan.send("result", result=out)
-    sys.stdout.flush()
-    os._exit(0)
+    """The judge process's entry (forked by the zygote, or `python -m kernelcraft.judge.worker`): see `jobs.serve`."""
+    jobs.serve(chan_fd if chan_fd is not None else int(os.environ[CHANNEL_FD_VAR]), Evaluation)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,187 @@
+"""The judge process's life: its helpers forked first, then jobs from stdin, one verdict each, warm in between.
+
+Design decisions
+- Before any job (and its nonce) is read, the judge forks its CUDA-free `forker` and the reference side; no
+  process but the judge ever has a nonce in memory. The first job is judged exactly as a one-shot worker's:
+  reference imported and constructed, a candidate side (from the forker) imported and constructed.
+- A job that asks for it (`warm`, sent by the runner for candidates of one task, see `judge.warm`) keeps the
+  judge, its forker and its reference side alive afterwards, with what `Warm` lists: the next job of the same
+  task skips the worker start, the reference's import, construction and description and the reference's
+  arena set-up; its reference is `reset` to its constructed state first. Every job gets a fresh candidate
+  side, and everything the last candidate left among the judge's children is killed before the result goes
+  out.
+- A job is not kept when its verdict puts the reference or the judge in doubt (`NOT_REUSABLE`: task or
+  harness errors, tampering with a peer), on a timeout, or when the reference or the forker died: the judge
+  then kills both and exits after sending the result, as a one-shot worker does.
+- The device lock is released at the end of every job (`Evaluation.release`), not at process exit.
+- `Evaluation` (the sequence of one job, in `worker`) is passed in, so this module does not import it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kernelcraft.judge import isolation, side as side_mod
+from kernelcraft.judge.arena import Arena
+from kernelcraft.judge.forker import Forker
+from kernelcraft.judge.guards import Reject
+from kernelcraft.judge.procs import children, descendants
+from kernelcraft.judge.sideproc import SideProc
+from kernelcraft.judge.single import Single
+
+
+class Channel:
+    def __init__(self, fd: int, nonce: str):
+        self._f = os.fdopen(fd, "w", buffering=1)
+        self.nonce = nonce  # the current job's
+
+    def send(self, kind: str, **data) -> None:
+        self._f.write(json.dumps({"nonce": self.nonce, "type": kind, **data}, default=str) + "\n")
+        self._f.flush()
+
+
+@dataclass
+class Warm:
+    """What a judge keeps for the next candidate of the same task: the task module (for its draws), the
+    reference side (imported and constructed; `reset` before each use), its arenas and the output structure."""
+    task: object
+    in_specs: list
+    values: list
+    in_arena: Arena
+    out_specs: list
+    out_kind: str
+    out_arena: Arena
+
+
+NOT_REUSABLE = {"task_error", "harness_error", "peer_tampering", "thread_injection"}
+
+
+def serve(fd: int, evaluation_cls) -> None:
+    """Fork the forker and the reference side, then judge jobs from stdin until it closes (or a job leaves
+    nothing worth keeping): each job's result goes on the channel under that job's nonce.
+
+    A job that asks for it (`warm`, sent by the runner for candidates of one task) keeps this process, its
+    reference side and their arenas for the next job of the same task; every job gets a fresh candidate side
+    from the forker. The first job is judged exactly as a one-shot worker judges it."""
+    hardening = isolation.harden_judge()
+    forker = ref = None
+    try:  # before any job (and its nonce) is read: no side and no forker ever has one in memory
+        forker = Forker.start(close=[fd])
+        ref = SideProc.fork("reference", [os.getpid()], [fd, forker.sock.fileno()])
+        hardening["reference"] = ref.request({"cmd": "hello"}).get("hardening")
+    except Exception as e:  # noqa: BLE001
+        sides_error = e
+    else:
+        sides_error = None
+    # the judge's own torch work (draws, copies, comparisons) runs single-threaded: an OpenMP pool here would
+    # spin after every op and compete with the side being timed for the host's cores
+    torch.set_num_threads(1)
+    chan = Channel(fd, "")
+    warm: Warm | None = None
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            break
+        job = json.loads(line)
+        chan.nonce = job.pop("nonce")
+        job.pop("fd", None)
+        out, keep = _judge_one(job, chan, forker, ref, dict(hardening), warm, sides_error, evaluation_cls)
+        chan.send("result", result=out)
+        sys.stdout.flush()
+        if keep is None:
+            break
+        warm = keep
+    os._exit(0)
+
+
+def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: Warm | None, sides_error,
+               evaluation_cls):
+    """One job: (the result, what the next job may reuse or None)."""
+    if job.get("cwd"):
+        os.chdir(job["cwd"])
+    t0 = time.perf_counter()
+    ev, cand = None, None
+    try:
+        if sides_error is not None:
+            raise Reject("runtime_error", ["harness_error"], f"kernelcraft could not start the sides: {sides_error}")
+        try:
+            cand = SideProc.from_forker(forker, cwd=job.get("cwd") or os.getcwd(), log_path=job.get("log_path"),
+                                        tag=job.get("tag"), protected=[os.getpid(), ref.pid, forker.pid])
+            hardening["candidate"] = cand.request({"cmd": "hello"}).get("hardening")
+        except (OSError, Reject) as e:
+            raise Reject("runtime_error", ["harness_error"], f"kernelcraft could not start the candidate's side: "
+                         f"{getattr(e, 'message', e)}") from None
+        sides = {"reference": ref, "candidate": cand}
+        if job.get("probe") or job.get("build_only"):
+            ev = Single(job, chan, sides)
+            result = ev.probe() if job.get("probe") else ev.build_only()
+        else:
+            ev = evaluation_cls(job, chan, sides, hardening, warm)
+            ev.forker_pid = forker.pid
+            result = ev.run()
+        out = {"status": "correct", "reasons": [], "message": "", **result}
+    except BaseException as e:  # noqa: BLE001 - every failure becomes a verdict
+        rej = e if isinstance(e, Reject) else Reject(
+            "runtime_error", ["harness_error"], f"kernelcraft failed: {side_mod.describe_exception(e)}")
+        out = {"status": rej.status, "reasons": rej.reasons, "message": rej.message,
+               **(ev.result if ev is not None else {})}
+    if isinstance(ev, evaluation_cls):
+        ev.release()
+    _end_candidate(cand, keep=[p.pid for p in (ref, forker) if p is not None])
+    out.update(build_s=max(getattr(ev, "build_s", 0.0), cand.build_s if cand is not None else 0.0),
+               worker_s=time.perf_counter() - t0,
+               phase=getattr(ev, "phase", "start"))
+    out.setdefault("build_cache", {"builds": 0, "hits": 0})
+    keep = None
+    if (job.get("warm") and isinstance(ev, evaluation_cls) and ev.ready is not None and out["status"] != "timeout"
+            and not NOT_REUSABLE & set(out["reasons"]) and _alive(ref.pid) and _alive(forker.pid)):
+        keep = ev.ready
+    out["warm"] = {"kept": keep is not None, "pids": [os.getpid(), ref.pid, forker.pid] if keep else []}
+    if keep is None:
+        for p in (ref, forker):
+            if p is not None:
+                _kill_group(p.pid)
+    return out, keep
+
+
+def _end_candidate(cand: SideProc | None, keep: list[int]) -> None:
+    """The candidate's side, and anything it left behind among the judge's children, is killed and reaped."""
+    if cand is not None:
+        _kill_group(cand.pid)
+        try:
+            os.waitpid(cand.pid, 0)
+        except ChildProcessError:
+            pass
+    for pid in children(os.getpid()):  # orphans the candidate left (double forks) were adopted by the judge
+        if pid not in keep:
+            for p in [pid] + descendants(pid):
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        got, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return got == 0
+

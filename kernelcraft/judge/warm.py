@@ -1,0 +1,156 @@
+"""Warm judges: judge processes kept between evaluations of the same task, with their reference side.
+
+Design decisions
+- An RL step, a search round and a bench task each judge a group of candidates of one task on one device.
+  Their references are identical (same task text, device, protocol), so a judge whose job ended cleanly is
+  kept idle here, reference imported and constructed, and the next candidate of that task reuses it: no
+  worker start, no reference import, construction, output description or arena set-up (`worker.Warm`).
+  The candidate's side is always fresh (`forker`).
+- The key is everything that shapes a reference: the task's text, the device, the resolved protocol
+  (seed, mode, tolerances, ...), the cache root and the environment the worker was started with. A
+  re-measure runs under another seed, hence another key: it never reuses the judge it is checking.
+- What is not reused: a judge whose job timed out, died, forged its channel, or ended in a reason that
+  puts the reference or the judge in doubt (`worker.NOT_REUSABLE`: task or harness errors, tampering
+  with peers). Then the worker is killed as before and the next job starts cold.
+- Bounded: at most `MAX_IDLE` idle judges in all (each holds a CUDA context or two and the reference's
+  weights), `MAX_IDLE_PER_KEY` per task, none idle longer than `IDLE_S`; the oldest go first. Idle judges
+  are killed at interpreter exit and with `runner.kill_live_workers`. `KERNELCRAFT_WARM=0` turns reuse off.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kernelcraft.judge.procs import kill_tagged
+
+ENV_SWITCH = "KERNELCRAFT_WARM"
+MAX_IDLE = 4
+MAX_IDLE_PER_KEY = 4
+IDLE_S = 60.0
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def key(*parts) -> str:
+    """A warm key from the reference-shaping parts (strings, dicts: JSON with sorted keys)."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(eq=False)
+class WarmWorker:
+    """An idle judge: the process, its result channel's read end, the tag it was started with (its own and
+    its reference's processes carry it when spawned), the pids that must survive a job's clean-up."""
+    proc: object
+    r_fd: int
+    tag: str
+    pids: list[int]
+    bwrapped: bool
+    start: str
+    idle_since: float = field(default_factory=time.monotonic)
+    jobs: int = 1
+
+    def alive(self) -> bool:
+        try:
+            return self.proc.poll() is None
+        except Exception:  # noqa: BLE001
+            return False
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in self.pids:  # its sides lead their own sessions
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+        kill_tagged(self.tag)
+        try:
+            self.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            os.close(self.r_fd)
+        except OSError:
+            pass
+
+
+_IDLE: dict[str, list[WarmWorker]] = {}
+_LOCK = threading.Lock()
+
+
+def take(k: str) -> WarmWorker | None:
+    """An idle judge for this key (the most recently used: its caches are warmest), or None."""
+    doomed = []
+    with _LOCK:
+        doomed += _expire_locked()
+        got = None
+        while _IDLE.get(k):
+            w = _IDLE[k].pop()
+            if w.alive():
+                got = w
+                break
+            doomed.append(w)
+        if k in _IDLE and not _IDLE[k]:
+            del _IDLE[k]
+    for w in doomed:
+        w.kill()
+    return got
+
+
+def put(k: str, w: WarmWorker) -> None:
+    w.idle_since = time.monotonic()
+    doomed = []
+    with _LOCK:
+        _IDLE.setdefault(k, []).append(w)
+        if len(_IDLE[k]) > MAX_IDLE_PER_KEY:
+            doomed.append(_IDLE[k].pop(0))
+        doomed += _expire_locked()
+        everyone = sorted((x for v in _IDLE.values() for x in v), key=lambda x: x.idle_since)
+        for x in everyone[:max(0, len(everyone) - MAX_IDLE)]:
+            doomed.append(x)
+            _IDLE[next(kk for kk, v in _IDLE.items() if x in v)].remove(x)
+        for kk in [kk for kk, v in _IDLE.items() if not v]:
+            del _IDLE[kk]
+    for x in doomed:
+        x.kill()
+
+
+def _expire_locked() -> list[WarmWorker]:
+    now, out = time.monotonic(), []
+    for k in list(_IDLE):
+        keep = [w for w in _IDLE[k] if now - w.idle_since <= IDLE_S]
+        out += [w for w in _IDLE[k] if now - w.idle_since > IDLE_S]
+        if keep:
+            _IDLE[k] = keep
+        else:
+            del _IDLE[k]
+    return out
+
+
+def idle_count() -> int:
+    with _LOCK:
+        return sum(len(v) for v in _IDLE.values())
+
+
+def discard_all() -> int:
+    """Kill every idle judge (interpreter exit, an interrupted caller, a test's clean-up)."""
+    with _LOCK:
+        doomed = [w for v in _IDLE.values() for w in v]
+        _IDLE.clear()
+    for w in doomed:
+        w.kill()
+    return len(doomed)
+
+
+atexit.register(discard_all)

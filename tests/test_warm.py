@@ -1,0 +1,187 @@
+"""Warm judges (`judge.warm`, `judge.forker`): the reference side is kept between candidates of one task, every
+candidate gets a fresh side, and nothing a candidate did survives into the next candidate's evaluation."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from kernelcraft.evaluate import evaluate
+from kernelcraft.judge import warm
+
+FAST = dict(device="cpu", trials=3, time_budget_s=0.2, min_rounds=3, remeasure_above=None)
+
+TASK = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        return torch.tanh(x * self.scale)
+
+def get_inputs():
+    return [torch.randn(8, 16)]
+
+def get_init_inputs():
+    return []
+'''
+
+MIRROR = TASK.replace("class Model(", "class ModelNew(")
+WRONG = MIRROR.replace("torch.tanh(", "torch.sigmoid(")
+CRASH = MIRROR.replace("        return torch.tanh", "        import os\n        os._exit(3)\n        return torch.tanh")
+DAEMON = MIRROR.replace("        return torch.tanh", '''        import os, time
+        if not getattr(ModelNew, "_spawned", False):
+            ModelNew._spawned = True
+            if os.fork() == 0:          # a grandchild that outlives its parent: adopted by the judge
+                if os.fork() == 0:
+                    open(os.environ["KC_TEST_PIDFILE"], "w").write(str(os.getpid()))
+                    time.sleep(120)
+                os._exit(0)
+        return torch.tanh''')
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    warm.discard_all()
+    yield
+    warm.discard_all()
+
+
+def _eval(task, src, **kw):
+    return evaluate(task, src, **{**FAST, **kw})
+
+
+def test_candidates_of_one_task_reuse_the_reference():
+    first = _eval(TASK, MIRROR + "\n# 1\n")
+    assert first.status == "correct", first.message
+    assert first.env.reference == "fresh"
+    assert warm.idle_count() == 1
+    for i in range(2):
+        v = _eval(TASK, MIRROR + f"\n# {i + 2}\n")
+        assert v.status == "correct", v.message
+        assert v.env.reference == "warm"
+    wrong = _eval(TASK, WRONG)
+    assert wrong.status == "incorrect" and wrong.env.reference == "warm"
+
+
+def test_another_protocol_or_task_gets_its_own_judge():
+    _eval(TASK, MIRROR)
+    other_seed = _eval(TASK, MIRROR, seed=1234)
+    assert other_seed.env.reference == "fresh"
+    other_task = _eval(TASK.replace("8, 16", "4, 16"), MIRROR)
+    assert other_task.env.reference == "fresh"
+    assert warm.idle_count() == 3
+
+
+def test_a_crashing_candidate_does_not_cost_the_next_one(tmp_path):
+    assert _eval(TASK, MIRROR).status == "correct"
+    crash = _eval(TASK, CRASH)
+    assert crash.status == "runtime_error" and "crashed" in crash.reasons, crash.message
+    assert crash.env.reference == "warm"
+    after = _eval(TASK, MIRROR + "\n# after\n")
+    assert after.status == "correct", after.message
+    assert after.env.reference == "warm"
+
+
+def test_processes_a_candidate_left_behind_are_gone_before_the_next_candidate(tmp_path, monkeypatch):
+    pidfile = tmp_path / "daemon.pid"
+    monkeypatch.setenv("KC_TEST_PIDFILE", str(pidfile))
+    _eval(TASK, MIRROR, screen=False)  # the judge this test reuses (same protocol; the variable is in its key)
+    v = _eval(TASK, DAEMON, screen=False)
+    assert v.status in ("rejected", "correct"), v.message  # the audit may or may not catch the orphan in time
+    assert v.env.reference == "warm"
+    deadline = time.monotonic() + 10
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pidfile.exists()
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "the candidate's orphan outlived its evaluation"
+    nxt = _eval(TASK, MIRROR + "\n# next\n", screen=False)
+    assert nxt.status == "correct", nxt.message
+
+
+def test_warm_reuse_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv(warm.ENV_SWITCH, "0")
+    _eval(TASK, MIRROR)
+    v = _eval(TASK, MIRROR + "\n# again\n")
+    assert v.status == "correct" and v.env.reference == "fresh"
+    assert warm.idle_count() == 0
+
+
+class _FakeProc:
+    def __init__(self, pid):
+        self.pid, self.dead = pid, False
+
+    def poll(self):
+        return 0 if self.dead else None
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def _fake(pid, killed):
+    w = warm.WarmWorker(_FakeProc(pid), os.open(os.devnull, os.O_RDONLY), "t", [], False, "fork")
+    w.kill = lambda w=w: (killed.append(w.proc.pid), os.close(w.r_fd))
+    return w
+
+
+def test_idle_judges_are_bounded_and_expire(monkeypatch):
+    killed: list[int] = []
+    for i in range(warm.MAX_IDLE + 2):
+        warm.put(f"k{i}", _fake(10_000 + i, killed))
+    assert warm.idle_count() == warm.MAX_IDLE
+    assert killed == [10_000, 10_001]  # the oldest go first
+    w = warm.take(f"k{warm.MAX_IDLE + 1}")
+    assert w is not None and w.proc.pid == 10_000 + warm.MAX_IDLE + 1
+    dead = _fake(20_000, killed)
+    dead.proc.dead = True
+    warm.put("dead", dead)
+    assert warm.take("dead") is None and 20_000 in killed  # a judge that died while idle is never handed out
+    monkeypatch.setattr(warm, "IDLE_S", 0.0)
+    time.sleep(0.01)
+    assert warm.take("k2") is None
+    assert warm.idle_count() == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_reset_restores_the_reference_as_constructed(tmp_path):
+    """What a warm reference is before each candidate: its constructed weights, buffers, modes and RNG states,
+    whatever an earlier job (a weight perturbation, the task's own forward) did to it."""
+    from kernelcraft.judge.side import Side
+
+    path = tmp_path / "reference.py"
+    path.write_text(TASK.replace("self.scale = nn.Parameter(torch.randn(16))",
+                                 "self.scale = nn.Parameter(torch.randn(16))\n        self.drop = nn.Dropout(0.5)"))
+    side = Side("reference")
+    side.cmd_import(dict(device="cpu", path=str(path), cache_dir=str(tmp_path)), ())
+    side.cmd_construct(dict(init=[], seed=42), ())
+    before = side.model.scale.detach().clone()
+    draw = torch.rand(3)
+    with torch.no_grad():
+        side.model.scale.add_(1.0)
+    side.model.eval()
+    torch.rand(5)
+    side.cmd_reset({}, ())
+    assert torch.equal(side.model.scale, before)
+    assert side.model.training and side.model.drop.training
+    assert torch.equal(torch.rand(3), draw)  # the RNG stream continues from construction again
