@@ -44,7 +44,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernelcraft.judge import isolation, side as side_mod, tripwires  # noqa: E402
+from kernelcraft.judge import isolation, side as side_mod, tripwires, weights  # noqa: E402
 from kernelcraft.judge.arena import Arena, TensorSpec  # noqa: E402
 from kernelcraft.judge.compare import compare_outputs  # noqa: E402
 from kernelcraft.judge.guards import Reject  # noqa: E402
@@ -118,6 +118,7 @@ class Evaluation:
         self.audit = isolation.Audit(os.getpid(), {s.role: s.pid for s in (self.ref, self.cand)})
         self.enter("check")
         self._check()
+        weights.check(self)  # the same new weights into both models, one more trial (judge/weights.py)
         self._audit()
         if p["timing"]:
             self.enter("time")
@@ -137,9 +138,8 @@ class Evaluation:
         except Exception as e:
             raise Reject("runtime_error", ["task_error"], "the task's get_init_inputs() failed: "
                          + side_mod.describe_exception(e)) from None
-        msg = dict(cmd="construct", init=init, seed=self.p["seed"])
-        self.ref.request(msg, phase="init")
-        self.cand.request(msg, phase="init")
+        msg = dict(cmd="construct", init=init, seed=self.p["seed"], module_mode=self.p["module_mode"])
+        weights.record_mode(self, {s.role: s.request(msg, phase="init") for s in (self.ref, self.cand)})
         if self.device.type == "cuda":  # the sides' construction finished before the judge's first draw
             torch.cuda.synchronize()
         torch.manual_seed(secrets.randbits(63))  # the judge's inputs: a seed no side can know
