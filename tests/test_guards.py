@@ -246,6 +246,8 @@ CHEATS = {
     "10 precision": ("cpu", {"value_mismatch"}),
     "11 reference call": ("cpu", {"reference_call", "no_custom_kernel"}),
     "12 suspicious speedup": ("cpu", {"suspicious_speedup"}),
+    "13 weights ignored (issue 16)": ("cpu", {"weights_ignored"}),
+    "14 module mode changed (issue 16)": ("cpu", {"mode_changed"}),
 }
 
 
