@@ -235,7 +235,8 @@ def _assemble(base: dict, out: runner.WorkerOutcome, timeout_s: float, build_tim
         speedup = timing.speedup if timing else None
     return Verdict(**base, status=status, reasons=res.get("reasons", []), message=res.get("message", ""),
                    correctness=corr, timing=timing, speedup=speedup, build_s=res.get("build_s", 0.0),
-                   env=env, guards=res.get("guards", []))
+                   env=env, guards=res.get("guards", []), weights=res.get("weights"),
+                   module_mode=res.get("module_mode"))
 
 
 def evaluate_many(pairs, *, max_workers: int | None = None, **options) -> list[Verdict]:

@@ -53,6 +53,9 @@ class Protocol(BaseModel):
     rtol: float | None = Field(None, ge=0, description="relative tolerance (default per output dtype)")
     seed: int = Field(42, description="seed of inputs and weights; re-measurements derive their own")
     timing: bool = Field(True, description="time the candidate after it passes (False: correctness only)")
+    module_mode: Literal["train", "eval"] = Field("train", description="the models' module mode for checking and "
+                                                  "timing, set by model.train()/eval() after construction "
+                                                  "(KernelBench's default: train)")
     time_budget_s: float | None = Field(None, ge=0, le=600, description="seconds of paired timing before "
                                         "giving up on the CI target (default 1 cpu / 2 gpu)")
     target_ci: float = Field(0.01, ge=0, le=1, description="stop timing once the speedup's 95% CI half-width "

@@ -51,6 +51,9 @@ REASONS = {
     "suspicious_speedup": "the speedup did not reproduce in a fresh worker",
     "harness_error": "* kernelcraft itself failed (a bug: please report it)",
     "task_error": "* the reference task itself failed (import, get_inputs or forward)",
+    "weights_ignored": "* outputs did not follow weights loaded with load_state_dict (weights copied or assumed "
+                       "at construction)",
+    "mode_changed": "* the candidate changed its own train/eval mode (the protocol's module_mode)",
     "no_candidate": "* bench: the task has no candidate (none given, or optimize found none verified faster)",
     "input_error": "* bench: an input row or file could not be used (bad JSON, no ref_code, not a KernelBench task)",
 }
@@ -90,6 +93,25 @@ class Timing(BaseModel):
     probe_idle_ms: float | None = Field(None, description="GPU: latency of the judge's idle probe on an idle device")
 
 
+class Weights(BaseModel):
+    """The weights check (judge/weights.py): both models loaded the same new weights, one more trial."""
+    checked: bool = Field(False, description="the trial with new weights ran")
+    matched: bool | None = Field(None, description="the candidate's state_dict keys and shapes are the reference's "
+                                 "and it loaded them (False: not a drop-in for the reference's weights)")
+    tensors: int = Field(0, description="entries in the reference's state_dict")
+    perturbed: int = Field(0, description="entries given new values (parameters, normalisation statistics)")
+    changed_output: bool | None = Field(None, description="the new weights changed the reference's output")
+    mismatch: list[str] = Field(default_factory=list, description="keys that kept the states from matching")
+    note: str = ""
+
+
+class ModuleMode(BaseModel):
+    """The module mode both models were checked and timed in, and the mode each one's construction left."""
+    mode: str
+    reference_init: str | None = None
+    candidate_init: str | None = None
+
+
 class Env(BaseModel):
     kernelcraft: str
     torch: str
@@ -124,6 +146,9 @@ class Verdict(BaseModel):
                                        "wait_device, init, check, time); empty without a worker")
     protocol: Protocol | None = Field(None, description="the resolved protocol this verdict was reached under "
                                       "(kernelcraft.protocol); None only for records made without judging")
+    weights: Weights | None = Field(None, description="weights as inputs: the trial after both models loaded the "
+                                    "same new weights (None: not reached)")
+    module_mode: ModuleMode | None = Field(None, description="train/eval mode of both models (None: not reached)")
 
     @model_validator(mode="after")
     def _speedup_only_when_correct(self):

@@ -158,6 +158,24 @@ def test_pairs_source_rows(tmp_path):
     assert "level_id must be an integer" in errs[2] and "expected a JSON object" in errs[3]
 
 
+def test_pairs_without_a_kernel_are_no_candidate(tmp_path, cache_dir):
+    """CUDA-L1 writes "None" for a task without a kernel: that, "null", empty and whitespace-only custom_code are
+    `no_candidate` (nothing is judged), not `compile_error`."""
+    ref = _text(TASKS / "tiny_elementwise.py")
+    codes = ["None", "null", "", "  \n\t", " None\n", "NULL", None]
+    pairs = tmp_path / "nokernel.jsonl"
+    pairs.write_text("".join(json.dumps({"task_id": i, "ref_code": ref, "custom_code": c}) + "\n"
+                             for i, c in enumerate(codes)))
+    src = resolve(str(pairs), device="cpu")
+    assert [i.candidate for i in src.items] == [None] * len(codes)
+    assert all(i.missing and "no candidate" in i.missing for i in src.items)
+    assert "'None'" in src.items[0].missing and "empty" in src.items[2].missing and "null" in src.items[6].missing
+    summary = run(src, tmp_path / "out", opts(baselines="eager"))
+    recs = read_lines(tmp_path / "out" / "verdicts.jsonl")
+    assert sorted(r["status"] for r in recs) == ["no_candidate"]  # the rows share one task: one record
+    assert summary["correct"] == 0
+
+
 def test_directory_and_candidate_layouts(tmp_path):
     kb = _kernelbench_dir(tmp_path / "KernelBench")
     src = resolve(str(kb), device="cpu")

@@ -14,6 +14,7 @@ screen:  on   = run with the static screen only (only the screen can catch it);
          off  = run with screen=False only;
          both = run twice; with screen=False the runtime guards alone must reach the verdict.
 Optional keys: `off: EXPECT` (a different expectation with screen=False), `mode: open|strict`,
+`module_mode: train|eval` (the protocol's module mode, default train),
 `timing: on|off` (default on), `budget: S` (time_budget_s, default 0.5),
 `remeasure: X` (remeasure_above; default evaluate's 3.0),
 `min_speedup: X`, `guards: a,b` (guards that must be listed), `trials: N`,
@@ -83,6 +84,7 @@ class Spec:
     screen: str
     expect_off: Expect | None = None
     mode: str = "open"
+    module_mode: str = "train"
     timing: bool = True
     remeasure: float | None = 3.0
     min_speedup: float | None = None
@@ -126,7 +128,7 @@ def parse_header(path: Path) -> Spec:
     if not task.is_file():
         raise ValueError(f"{path.name}: task file {task} not found")
     known = {"expect", "task", "device", "screen", "off", "mode", "timing", "remeasure", "min_speedup",
-             "guards", "trials", "static", "budget"}
+             "guards", "trials", "static", "budget", "module_mode"}
     unknown = set(kv) - known
     if unknown or flags - {"slow"}:
         raise ValueError(f"{path.name}: unknown header keys {sorted(unknown | (flags - {'slow'}))}")
@@ -135,7 +137,8 @@ def parse_header(path: Path) -> Spec:
     return Spec(
         path=path, expect=Expect.parse(kv["expect"]), task=task, device=kv["device"], screen=kv["screen"],
         expect_off=Expect.parse(kv["off"]) if "off" in kv else None,
-        mode=kv.get("mode", "open"), timing=kv.get("timing", "on") == "on",
+        mode=kv.get("mode", "open"), module_mode=kv.get("module_mode", "train"),
+        timing=kv.get("timing", "on") == "on",
         remeasure=float(kv["remeasure"]) if "remeasure" in kv else 3.0,
         min_speedup=float(kv["min_speedup"]) if "min_speedup" in kv else None,
         guards=tuple(g for g in kv.get("guards", "").split(",") if g),
@@ -170,7 +173,8 @@ def cases(files: list[Path]) -> list:
 
 # -- running and judging --------------------------------------------------------------------------------------
 def run_fixture(spec: Spec, screen: bool, device: str, cache_dir=None):
-    return evaluate(spec.task, spec.path, device=device, mode=spec.mode, screen=screen, timing=spec.timing,
+    return evaluate(spec.task, spec.path, device=device, mode=spec.mode, module_mode=spec.module_mode,
+                    screen=screen, timing=spec.timing,
                     time_budget_s=spec.budget, trials=spec.trials, remeasure_above=spec.remeasure,
                     cache_dir=cache_dir)
 
@@ -242,6 +246,8 @@ CHEATS = {
     "10 precision": ("cpu", {"value_mismatch"}),
     "11 reference call": ("cpu", {"reference_call", "no_custom_kernel"}),
     "12 suspicious speedup": ("cpu", {"suspicious_speedup"}),
+    "13 weights ignored (issue 16)": ("cpu", {"weights_ignored"}),
+    "14 module mode changed (issue 16)": ("cpu", {"mode_changed"}),
 }
 
 

@@ -13,6 +13,7 @@ from kernelcraft.protocol import Protocol
 from kernelcraft.search.optimize import Options, RunInUse, optimize
 from kernelcraft.search.policies import Proposal
 from kernelcraft.search.rundb import RunDB
+from kernelcraft.task import load_task
 
 from conftest import FIXTURES
 
@@ -65,6 +66,9 @@ def test_verified_speedup_on_a_tiny_conv_task(tmp_path, cache_dir):
     assert res.status == "improved", res
     assert res.best_speedup > 1.0 and res.best_ci95[0] > 1.0 and res.confirmed
     assert any("channels_last" in t for t in res.best_techniques), res.best_techniques
+    task = tmp_path / "small_cnn_task.py"
+    task.write_text(load_task("tiny/level3/small_cnn").source)  # the tiny tier's source, as the run judged it
+    assert_drop_in(task, tmp_path / "best.py")
 
 
 class _Scripted:
@@ -134,3 +138,108 @@ def test_run_dir_guards(tmp_path, cache_dir):
     assert r.exit_code == 2
     r = CliRunner().invoke(app, ["optimize", "tiny/level1/relu", "--policy", "bogus", "--out", str(tmp_path / "y")])
     assert r.exit_code == 2 and "unknown policy" in " ".join(r.output.split())
+
+
+# -- best.py is a drop-in for a user's trained model (issue 16) ----------------------------------------------------
+SLOW_LINEAR = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """relu(Linear(x)), computed eight times over (a slow reference with weights)."""
+
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.fc = nn.Linear(d_in, d_out)
+
+    def forward(self, x):
+        out = None
+        for _ in range(8):
+            out = torch.relu(self.fc(x))
+        return out
+
+
+D_IN = 128
+D_OUT = 96
+
+
+def get_inputs():
+    return [torch.randn(64, D_IN)]
+
+
+def get_init_inputs():
+    return [D_IN, D_OUT]
+'''
+FAST_RENAMED = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.linear = nn.Linear(d_in, d_out)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+'''
+FAST_DROP_IN = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.fc = nn.Linear(d_in, d_out)
+
+    def forward(self, x):
+        torch.relu(self.fc(x))  # twice: slower than the renamed one, still far faster than the reference
+        return torch.relu(self.fc(x))
+'''
+
+
+def _load_module(path, name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def assert_drop_in(task_path, best_path) -> None:
+    """A trained reference's state_dict() loads (strict) into best.py's ModelNew, which then gives its outputs."""
+    import torch
+
+    task = _load_module(task_path, "kc_test_task")
+    best = _load_module(best_path, "kc_test_best")
+    torch.manual_seed(1)
+    ref = task.Model(*task.get_init_inputs())
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    for _ in range(3):  # "trained": weights (and any running statistics) far from their initial values
+        opt.zero_grad()
+        out = ref(*task.get_inputs())
+        (out if isinstance(out, torch.Tensor) else out[0]).square().mean().backward()
+        opt.step()
+    ref.eval()
+    new = best.ModelNew(*task.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    new.eval()
+    inputs = task.get_inputs()
+    with torch.no_grad():
+        want, got = ref(*inputs), new(*inputs)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (got - want).abs().max()
+
+
+def test_best_py_loads_the_references_state_dict(tmp_path, cache_dir):
+    task = tmp_path / "slow_linear.py"
+    task.write_text(SLOW_LINEAR)
+    out = tmp_path / "run"
+    res = optimize(task, out, Options(device="cpu", budget=2, confirm=1, null_control=False),
+                   policy=_Scripted([FAST_RENAMED, FAST_DROP_IN]))
+    db = RunDB(out)
+    renamed = next(r for r in db.rows() if r.source == FAST_RENAMED)
+    assert renamed.correct and renamed.verdict["weights"]["matched"] is False  # correct, but no drop-in
+    assert res.status == "improved", res
+    assert (out / "best.py").read_text() == FAST_DROP_IN
+    assert db.get(res.best_candidate).verdict["weights"]["checked"]
+    assert_drop_in(task, out / "best.py")

@@ -4,6 +4,7 @@ Runs no worker and no candidate code: the whole module takes well under a second
 """
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def test_screen_on_flagged_fixture_rejects_without_a_worker():
     ("import torch\ndel torch.nn.functional.relu\n", "global_state_tampering"),
     ("import torch\na, torch.matmul = 1, None\n", "global_state_tampering"),
     ("import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n", "global_state_tampering"),
-    ("import torch\ntorch.backends.cudnn.allow_tf32 = True\n", "global_state_tampering"),
+    ("import torch\ntorch.backends.cudnn.allow_tf32 = False\n", "global_state_tampering"),
     ("import torch\ntorch.backends.cudnn.enabled = False\n", "global_state_tampering"),
     ("import torch\ntorch.set_num_threads(1)\n", "global_state_tampering"),
     ("import torch\ntorch.set_float32_matmul_precision('medium')\n", "global_state_tampering"),
@@ -201,3 +202,83 @@ void split_lines(
 '''
     assert cuda_kernel_names(src) == ["chain_vec4", "lb_two", "templated", "c_linkage", "nested_bounds",
                                       "split_lines"]
+
+
+# -- a screen that reads values (issue 16): no change is not tampering; real changes stay rejected ---------------
+@pytest.mark.parametrize("src", [
+    "import torch\ntorch.backends.cudnn.deterministic = False\n",
+    "import torch\ntorch.backends.cudnn.allow_tf32 = True\n",
+    "import torch\ntorch.backends.cudnn.enabled = True\n",
+    "import torch\ntorch.backends.cuda.matmul.allow_tf32 = False\n",
+    "import torch.backends.cudnn as cudnn\ncudnn.benchmark, cudnn.deterministic = True, False\n",
+    "import torch\ntorch.set_float32_matmul_precision('highest')\n",
+    "import torch\ntorch.use_deterministic_algorithms(False)\n",
+    "import torch\nclass M:\n    def forward(self, x):\n        torch.backends.cudnn.allow_tf32 = True\n"
+    "        return x\n",
+])
+def test_assigning_a_flag_its_default_is_allowed(src: str):
+    assert reasons(src) == [], (src, screen(src).findings)
+
+
+@pytest.mark.parametrize("src", [
+    "import torch\ntorch.backends.cudnn.fastest = True\n",
+    "import torch\ntorch.backends.cudnn.workspace_limit = 768 * 1024 * 1024\n",
+    "import torch\ntorch.backends.cudnn.workspace_limit_in_bytes = 1 << 30\n",
+    "import torch\ntorch.backends.kernelcraft_no_such_flag = 1\n",
+])
+def test_assigning_an_attribute_torch_does_not_define_is_allowed(src: str):
+    assert reasons(src) == [], (src, screen(src).findings)
+
+
+@pytest.mark.parametrize("src", [
+    "import torch\nif hasattr(torch.backends.cuda.matmul, 'kc_no_such_flag'):\n"
+    "    torch.backends.cuda.matmul.allow_tf32 = True\n    torch.set_num_threads(1)\n",
+    "import torch\nif not hasattr(torch.backends.cudnn, 'allow_tf32'):\n    pass\nelse:\n    pass\n"
+    "if not hasattr(torch, 'set_num_threads'):\n    torch.set_num_threads(1)\n",
+    "import torch\nif hasattr(torch.backends.cudnn, 'kc_nope') and torch.cuda.is_available():\n"
+    "    torch.backends.cudnn.allow_tf32 = False\n",
+    "import torch\nif hasattr(torch, 'set_num_threads'):\n    pass\nelse:\n    torch.set_num_threads(1)\n",
+])
+def test_code_under_a_false_hasattr_is_dead(src: str):
+    assert reasons(src) == [], (src, screen(src).findings)
+
+
+@pytest.mark.parametrize("src", [
+    "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n",  # a real change
+    "import torch\ntorch.backends.cudnn.deterministic = True\n",
+    "import torch\ntorch.backends.cudnn.allow_tf32 = 0\n",  # not the default's type: not read as the default
+    "import torch\nflag = True\ntorch.backends.cudnn.allow_tf32 = flag\n",  # a value the screen cannot read
+    "import torch\ntorch.backends.cudnn.allow_tf32 += True\n",
+    "import torch\ntorch.set_float32_matmul_precision('high')\n",
+    "import torch\ntorch.use_deterministic_algorithms(False, warn_only=True)\n",
+    "import torch\ntorch.nn.functional.relu = None\n",  # defined: patching
+    "import torch\ntorch.Tensor.kc_new_method = None\n",  # a class: not exempt
+    "import torch\ntorch.nn.functional.__kc__ = None\n",  # a dunder: not exempt
+    # the live branch of a hasattr that is true here, and hasattr on something not torch
+    "import torch\nif hasattr(torch.backends.cuda.matmul, 'allow_tf32'):\n"
+    "    torch.backends.cuda.matmul.allow_tf32 = True\n",
+    "import torch\nimport os\nif hasattr(os, 'kc_nope'):\n    torch.set_num_threads(1)\n",
+    "import torch\nif hasattr(torch, 'set_num_threads'):\n    torch.set_num_threads(1)\n",
+    "import torch\ndef hasattr(a, b):\n    return True\nif hasattr(torch, 'kc_nope'):\n    torch.set_num_threads(1)\n",
+])
+def test_real_changes_stay_rejected(src: str):
+    assert "global_state_tampering" in reasons(src), (src, screen(src).findings)
+
+
+def test_flag_defaults_are_torchs():
+    """FLAG_DEFAULTS and CALL_DEFAULTS hold what a fresh interpreter's torch reports (not this process's, which
+    other tests may have changed)."""
+    import subprocess
+    import sys
+
+    from kernelcraft.judge.screen import CALL_DEFAULTS, FLAG_DEFAULTS
+
+    exprs = {p: p for p in FLAG_DEFAULTS}
+    exprs.update({f"{fn}()": getter + "()" for fn, (_, getter) in CALL_DEFAULTS.items()})
+    code = "import json, torch, torch.backends.cuda, torch.backends.cudnn, torch.backends.mkldnn\n" \
+           "print(json.dumps({k: eval(v) for k, v in %r.items()}))" % exprs
+    got = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                    timeout=120).stdout.strip().splitlines()[-1])
+    want = dict(FLAG_DEFAULTS)
+    want.update({f"{fn}()": d for fn, (d, _) in CALL_DEFAULTS.items()})
+    assert got == want

@@ -19,7 +19,9 @@ Design decisions
   (resumable by itself) and its `best.py` is judged like any candidate.
 - Nothing here runs code from a task or a candidate: files are read and parsed (`task.validate_source`)
   only. A row or file that cannot be used becomes an item carrying `error` (status `input_error` in the
-  bench); a task without a candidate carries `missing` (status `no_candidate`). Only a SOURCE that
+  bench); a task without a candidate carries `missing` (status `no_candidate`), in a pairs file also a
+  `custom_code` that is null, empty or whitespace, or the text `None`/`null` (CUDA-L1's "no kernel": before,
+  those were judged as code and became `compile_error`). Only a SOURCE that
   cannot be read at all, or holds nothing, raises `BenchError`.
 """
 from __future__ import annotations
@@ -40,6 +42,7 @@ from kernelcraft.task import (
     validate_source,
 )
 
+NO_CODE = ("none", "null")  # CUDA-L1 writes the string "None" for a task without a kernel
 RUN_FILE_RE = re.compile(r"^level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py$")
 _LEVEL_RE = re.compile(r"level[_ ]?(\d+)", re.IGNORECASE)
 _ID_RE = re.compile(r"^(\d+)_")
@@ -235,8 +238,9 @@ def _from_pairs(spec: str, path: Path) -> Source:
         else:
             item.task = Task(name=item.name, source=obj["ref_code"], level=item.level)
             cand = obj.get("custom_code")
-            if cand is None or not cand.strip():
-                item.missing = f"{origin}: custom_code is {'null' if cand is None else 'empty'}: no candidate"
+            if cand is None or not cand.strip() or cand.strip().lower() in NO_CODE:
+                what = "null" if cand is None else repr(cand.strip()) if cand.strip() else "empty"
+                item.missing = f"{origin}: custom_code is {what}: no candidate"
             else:
                 item.candidate = cand
         items.append(item)

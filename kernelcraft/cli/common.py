@@ -76,6 +76,7 @@ PROTOCOL_OPTIONS = {
     "rtol": ("rtol", Optional[float], typer.Option(None, help=_help("rtol"))),
     "mode": ("mode", Optional[str], typer.Option(None, help="open | strict (strict: own kernel required; default "
                                                  "open)")),
+    "module_mode": ("module_mode", Optional[str], typer.Option(None, help="train | eval: " + _help("module_mode"))),
     "time_budget": ("time_budget_s", Optional[float], typer.Option(None, help=_help("time_budget_s"))),
     "eval_time": ("time_budget_s", Optional[float], typer.Option(None, "--eval-time", hidden=True,
                                                                  help="old name of --time-budget")),

@@ -57,6 +57,7 @@ class Warm:
     out_specs: list
     out_kind: str
     out_arena: Arena
+    ref_construct: dict  # the reference's reply to `construct` (what its construction left, e.g. its mode)
 
 
 NOT_REUSABLE = {"task_error", "harness_error", "peer_tampering", "thread_injection"}

@@ -10,6 +10,15 @@ Design decisions
   changing precision or threading switches. `torch.backends.cudnn.benchmark` and
   `torch._dynamo`/`torch._inductor` config are allowed: they tune the candidate, not the reference
   (the reference always runs with the snapshot's cudnn.benchmark).
+- It reads values where that settles a question (issue 16: CUDA-L1's published kernels were rejected for
+  these): assigning a backend flag the value it has by default (`torch.backends.cudnn.deterministic =
+  False`), or calling a setter with its default (`torch.set_float32_matmul_precision("highest")`), changes
+  nothing (`FLAG_DEFAULTS`, `CALL_DEFAULTS`: torch's defaults, checked against a fresh interpreter by the
+  tests); assigning an attribute that this torch does not define (`torch.backends.cudnn.fastest`) changes
+  nothing torch reads; code under an `if hasattr(torch..., "name")` that is false in this torch (or in the
+  `else` of a true one) never runs. Torch is imported to answer the last two only when a candidate asks
+  them. A value the screen cannot read (a variable) is a change: real changes stay rejected, and the
+  runtime snapshot compares the values anyway.
 - Strict mode adds reachability from `ModelNew`: the reference `Model` must not be reachable
   (`reference_call`), and an own kernel must be (`no_custom_kernel`): a `load_inline`/`load` module or
   a `triton.jit` function. `kernel_names` lists `__global__` and Triton kernel names, which the worker
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import re
+import types
 from dataclasses import dataclass, field
 
 FRAME_ATTRS = {"_getframe", "f_back", "f_locals", "f_globals", "tb_frame", "gi_frame", "cr_frame",
@@ -40,6 +50,23 @@ STATE_CALLS = {"torch.set_num_threads", "torch.set_num_interop_threads", "torch.
 # introspection that reaches the reference or other functions' insides
 INTROSPECTION_ATTRS = {"__code__", "__closure__", "cell_contents", "__globals__", "__subclasses__", "__wrapped__"}
 ALLOWED_TORCH_ASSIGN = ("torch.backends.cudnn.benchmark", "torch._dynamo.config", "torch._inductor.config")
+# torch's defaults (tests/test_screen.py checks them against a fresh interpreter): setting one is no change
+FLAG_DEFAULTS = {
+    "torch.backends.cudnn.benchmark": False, "torch.backends.cudnn.deterministic": False,
+    "torch.backends.cudnn.allow_tf32": True, "torch.backends.cudnn.enabled": True,
+    "torch.backends.cuda.matmul.allow_tf32": False,
+    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": True,
+    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": True,
+    "torch.backends.mkldnn.enabled": True,
+}
+# setter -> (its default argument, the getter that reads it back)
+CALL_DEFAULTS = {
+    "torch.set_float32_matmul_precision": ("highest", "torch.get_float32_matmul_precision"),
+    "torch.use_deterministic_algorithms": (False, "torch.are_deterministic_algorithms_enabled"),
+    "torch.backends.cuda.enable_flash_sdp": (True, "torch.backends.cuda.flash_sdp_enabled"),
+    "torch.backends.cuda.enable_mem_efficient_sdp": (True, "torch.backends.cuda.mem_efficient_sdp_enabled"),
+    "torch.backends.cuda.enable_math_sdp": (True, "torch.backends.cuda.math_sdp_enabled"),
+}
 _GLOBAL_RE = re.compile(r"\b__global__\b")
 _LAUNCH_BOUNDS_RE = re.compile(r"__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)")
 _DECL_NAME_RE = re.compile(r"[^(;{}]*?(\w+)\s*\(", re.S)
@@ -110,7 +137,10 @@ def screen(source: str, mode: str = "open") -> Screening:
     al.visit(tree)
     aliases = al.map
     s = Screening(kernel_names=cuda_kernel_names(source))
+    dead = _dead_code(tree, aliases)
     for node in ast.walk(tree):
+        if id(node) in dead:
+            continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             for m in mods:
@@ -139,11 +169,12 @@ def screen(source: str, mode: str = "open") -> Screening:
             s.add("forbidden_construct", node, f"uses {node.id}")
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
             for t in targets:
-                _check_store(s, t, aliases)
+                _check_store(s, t, aliases, value)
         elif isinstance(node, ast.Call):
             fn = _dotted(node.func, aliases)
-            if fn in STATE_CALLS:
+            if fn in STATE_CALLS and not _default_call(fn, node):
                 s.add("global_state_tampering", node, f"calls {fn}() (process-wide setting)")
             elif fn in ("setattr", "delattr") and node.args:
                 target = _dotted(node.args[0], aliases)
@@ -167,10 +198,12 @@ def screen(source: str, mode: str = "open") -> Screening:
     return s
 
 
-def _check_store(s: Screening, target: ast.AST, aliases: dict[str, str]) -> None:
+def _check_store(s: Screening, target: ast.AST, aliases: dict[str, str], value: ast.AST | None = None) -> None:
     if isinstance(target, (ast.Tuple, ast.List)):
-        for t in target.elts:
-            _check_store(s, t, aliases)
+        values = value.elts if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts) \
+            else [None] * len(target.elts)
+        for t, v in zip(target.elts, values):
+            _check_store(s, t, aliases, v)
         return
     if not isinstance(target, ast.Attribute):
         return
@@ -181,10 +214,110 @@ def _check_store(s: Screening, target: ast.AST, aliases: dict[str, str]) -> None
         s.add("timer_tampering", target, f"assigns {path}")
     elif any(_under(path, a) for a in ALLOWED_TORCH_ASSIGN):
         return
+    elif _under(path, "torch") and (_is_default(path, value) or _undefined_in_torch(path)):
+        return  # no change: the value it has by default, or an attribute torch does not define (and never reads)
     elif _under(path, "torch"):
         s.add("global_state_tampering", target, f"assigns {path}")
     elif _module_rooted(target, aliases):
         s.add("global_state_tampering", target, f"assigns {path} (patching an imported module)")
+
+
+def _is_default(path: str, value: ast.AST | None) -> bool:
+    return (path in FLAG_DEFAULTS and isinstance(value, ast.Constant)
+            and type(value.value) is type(FLAG_DEFAULTS[path]) and value.value == FLAG_DEFAULTS[path])
+
+
+def _default_call(fn: str, node: ast.Call) -> bool:
+    """A setter called with its default as its one argument (`torch.set_float32_matmul_precision("highest")`)."""
+    if fn not in CALL_DEFAULTS or node.keywords or len(node.args) != 1 or not isinstance(node.args[0], ast.Constant):
+        return False
+    default, arg = CALL_DEFAULTS[fn][0], node.args[0].value
+    return type(arg) is type(default) and arg == default
+
+
+_MISSING = object()
+
+
+def _torch_object(path: str):
+    """The object a dotted torch path names in this process's torch, or _MISSING (imports torch on first use)."""
+    import importlib
+
+    parts = path.split(".")
+    try:
+        obj = importlib.import_module(parts[0])
+    except ImportError:
+        return _MISSING
+    for name in parts[1:]:
+        try:
+            obj = getattr(obj, name)
+        except Exception:  # noqa: BLE001 - absent, or failing lazily: not an attribute anyone can use
+            return _MISSING
+    return obj
+
+
+def _undefined_in_torch(path: str) -> bool:
+    """`torch.x.y.name` where `torch.x.y` is a module of this torch that has no `name` (not a dunder): an
+    assignment there creates an attribute nothing in torch reads. Classes are not exempt (lookups go through
+    them and their subclasses)."""
+    parent, _, name = path.rpartition(".")
+    if not parent or name.startswith("__"):
+        return False
+    obj = _torch_object(parent)
+    return isinstance(obj, types.ModuleType) and _torch_object(path) is _MISSING
+
+
+def _hasattr_test(test: ast.AST, aliases: dict[str, str]) -> bool | None:
+    """The value of `hasattr(torch..., "name")` (or its `not`) in this torch; None for any other test."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _hasattr_test(test.operand, aliases)
+        return None if inner is None else not inner
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):  # one false conjunct makes it false
+        return False if any(_hasattr_test(v, aliases) is False for v in test.values) else None
+    if not (isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "hasattr"
+            and len(test.args) == 2 and not test.keywords and isinstance(test.args[1], ast.Constant)
+            and isinstance(test.args[1].value, str)):
+        return None
+    obj = _dotted(test.args[0], aliases)
+    if not obj or not _under(obj, "torch"):
+        return None
+    base = _torch_object(obj)
+    if base is _MISSING:
+        return None
+    return _torch_object(f"{obj}.{test.args[1].value}") is not _MISSING
+
+
+def _binds(tree: ast.AST, name: str) -> bool:
+    """Does the module bind `name` anywhere (assignment, def, class, import, argument, for/with/except target)?"""
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load):
+            return True
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name:
+            return True
+        if isinstance(n, ast.alias) and (n.asname or n.name.split(".")[0]) == name:
+            return True
+        if isinstance(n, ast.arg) and n.arg == name:
+            return True
+        if isinstance(n, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and getattr(n, "name", None) == name:
+            return True
+        if isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names:
+            return True
+    return False
+
+
+def _dead_code(tree: ast.AST, aliases: dict[str, str]) -> set[int]:
+    """ids of the nodes in branches that cannot run in this torch: the body of an `if hasattr(torch..., "x")`
+    that is false here, the `else` of one that is true. Only while the candidate never binds the name `hasattr`."""
+    if _binds(tree, "hasattr"):
+        return set()
+    dead: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and id(node) not in dead:
+            known = _hasattr_test(node.test, aliases)
+            if known is None:
+                continue
+            for stmt in (node.orelse if known else node.body):
+                dead.update(id(n) for n in ast.walk(stmt))
+    return dead
 
 
 def _module_rooted(node: ast.AST, aliases: dict[str, str]) -> bool:

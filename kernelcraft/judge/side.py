@@ -29,7 +29,7 @@ import torch
 
 from kernelcraft.builder.cache import BuildCache
 from kernelcraft.devices import arch_for
-from kernelcraft.judge import arena, guards, isolation, tripwires
+from kernelcraft.judge import arena, guards, isolation, tripwires, weights
 from kernelcraft.judge.compare import has_real_storage, is_plain_tensor
 from kernelcraft.judge.guards import Reject
 from kernelcraft.judge.wire import SideEnd
@@ -149,9 +149,10 @@ class Side:
         torch.manual_seed(msg["seed"])
         model = self.cls(*init)
         self.model = model.to(self.device) if isinstance(model, torch.nn.Module) else model
+        mode = weights.apply_mode(self, msg)  # the protocol's module mode (judge/weights.py)
         if self.role == "reference":
-            self._initial = self._snapshot()
-        return {"type": "ok"}
+            self._initial = self._snapshot()  # after the mode is set: `reset` restores it too
+        return {"type": "ok", **mode}
 
     def _snapshot(self) -> dict:
         """The reference as constructed: weights, buffers, module modes, RNG states (what `reset` restores)."""
@@ -291,7 +292,18 @@ class Side:
             self.state.verify()
             guards.check_threads(self.state, self.path)
             guards.check_escaped_processes(exclude=self.peers)
+            weights.verify_mode(self, "after a call")
         return {"type": "ok"}
+
+    # weights as inputs (judge/weights.py): list, dump and load the model's state_dict through the judge's arenas
+    def cmd_state(self, msg: dict, fds) -> dict:
+        return weights.state(self, msg, fds)
+
+    def cmd_dump_state(self, msg: dict, fds) -> dict:
+        return weights.dump_state(self, msg, fds)
+
+    def cmd_load_state(self, msg: dict, fds) -> dict:
+        return weights.load_state(self, msg, fds)
 
     def cmd_null(self, msg: dict, fds) -> dict:
         """The empty round trip the judge subtracts: a call without forward. After a first `run` it delivers the

@@ -42,7 +42,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernelcraft.judge import isolation, side as side_mod, tripwires  # noqa: E402
+from kernelcraft.judge import isolation, side as side_mod, tripwires, weights  # noqa: E402
 from kernelcraft.judge.arena import Arena, TensorSpec  # noqa: E402
 from kernelcraft.judge.compare import compare_outputs  # noqa: E402
 from kernelcraft.judge.guards import Reject  # noqa: E402
@@ -119,6 +119,7 @@ class Evaluation:
         self.audit = isolation.Audit(os.getpid(), known)
         self.enter("check")
         self._check()
+        weights.check(self)  # the same new weights into both models, one more trial (judge/weights.py)
         self._audit()
         if p["timing"]:
             self.enter("time")
@@ -144,11 +145,12 @@ class Evaluation:
         except Exception as e:
             raise Reject("runtime_error", ["task_error"], "the task's get_init_inputs() failed: "
                          + side_mod.describe_exception(e)) from None
-        msg = dict(cmd="construct", init=init, seed=self.p["seed"])
+        msg = dict(cmd="construct", init=init, seed=self.p["seed"], module_mode=self.p["module_mode"])
         warm = self.warm
         sides = (self.cand,) if warm else (self.ref, self.cand)  # a warm reference is constructed already
-        for s in sides:
-            s.request(msg, phase="init")
+        replies = {s.role: s.request(msg, phase="init") for s in sides}
+        self.ref_construct = replies["reference"] = warm.ref_construct if warm else replies["reference"]
+        weights.record_mode(self, replies)
         if self.device.type == "cuda":  # the sides' construction finished before the judge's first draw
             torch.cuda.synchronize()
         torch.manual_seed(secrets.randbits(63))  # the judge's inputs: a seed no side can know
@@ -179,7 +181,7 @@ class Evaluation:
             self.out_arenas[s.role] = a
             s.request(dict(cmd="outputs", arena=desc, kind=self.out_kind), fds)
         self.ready = Warm(self.task, self.in_specs, values, self.in_arenas["reference"], self.out_specs,
-                          self.out_kind, self.out_arenas["reference"])
+                          self.out_kind, self.out_arenas["reference"], self.ref_construct)
         self.result["guards"] += ["separate_processes", "secret_inputs", "inputs_verified", "outputs_poisoned"]
 
     # -- inputs and outputs ------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ Design decisions
   confirmed numbers decide and are reported (the best of many noisy measurements is biased upwards;
   a re-measurement is not). `OUT/best.py` is written only for such a candidate, byte-identical to what
   was verified; otherwise there is no best.py and the status says why. The reference itself is never
-  passed off as an optimisation.
+  passed off as an optimisation. best.py is a drop-in for a user's trained model: a candidate whose
+  state_dict keys and shapes are not the reference's (the verdict's `weights.matched` is False) is never
+  a leader, and every correct candidate has passed the judge's trial with new weights loaded.
 - The run's `Protocol` (resolved for its device) is pinned in the database: a resume under other rules
   is refused rather than mixing their numbers in one leaderboard. Search settings may change on resume.
 - Stops on: budget (candidates), wall-time limit, `patience` rounds without a >1% improvement of the
@@ -55,6 +57,12 @@ from kernelcraft.search.prompt import Failure
 from kernelcraft.search.rundb import RunDB
 from kernelcraft.task import Task, load_task
 from kernelcraft.search.techniques import techniques
+
+
+def drop_in(verdict: dict | None) -> bool:
+    """Would the reference's state_dict() load into this candidate? False only when the judge found it would not
+    (`weights.matched` False); records from before the weights check say nothing and count as drop-ins."""
+    return ((verdict or {}).get("weights") or {}).get("matched") is not False
 
 
 class RunInUse(RuntimeError):
@@ -325,7 +333,8 @@ class _Run:
 
     def _finish(self, stopped: str, rounds: int, wall: float) -> Result:
         rows = self.db.rows()
-        leaders = sorted((r for r in rows if r.correct and self._faster(r.ci_low)), key=lambda r: -r.speedup)
+        leaders = sorted((r for r in rows if r.correct and self._faster(r.ci_low) and drop_in(r.verdict)),
+                         key=lambda r: -r.speedup)
         best, best_sp, best_ci, is_conf = None, None, None, False
         if self.opts.confirm:
             ok, tries = [], 0
