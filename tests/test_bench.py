@@ -631,3 +631,48 @@ def test_bench_gpu_with_cudagraph_baseline(tmp_path, cache_dir):
         assert row["speedup_vs_compile"] is not None
     assert s["fast_p_vs_compile"] is not None
     assert s["baselines"]["summary"]["cudagraph"]["correct"] == 2
+
+
+# ---- the bench report's page (issue 21): whole labels, and a baselines-only page that says what it is ---------
+
+def _summary(baselines_only: bool, n: int = 14) -> dict:
+    names = [f"tiny/level{1 + i % 3}/{'fused_' * (i % 4)}task_{i}" for i in range(n)]
+    items = [{"item": nm, "level": 1 + i % 3, "task_id": i, "status": "not_evaluated" if baselines_only else
+              ("correct" if i % 2 else "incorrect"), "reasons": [], "correct": bool(i % 2) and not baselines_only,
+              "speedup": None if baselines_only or not i % 2 else 1.5, "speedup_vs_compile": None, "ci95": None,
+              "baselines": {"inductor": {"status": "correct" if i % 5 else "runtime_error",
+                                         "speedup": 1.2 if i % 5 else None}}, "message": ""}
+             for i, nm in enumerate(names)]
+    s = {"source": "tiny", "device": "cpu test x2", "tasks": n, "items": items, "baselines_only": baselines_only,
+         "baselines": {"names": ["eager", "inductor"], "summary": {}, "skipped": {}},
+         "candidates": "none" if baselines_only else "optimize", "policy": None if baselines_only else "recipes",
+         "budget": None if baselines_only else 8, "protocol": {"trials": 5, "time_budget_s": 1.0, "mode": "open"},
+         "wall_s": 12.0}
+    if not baselines_only:
+        s.update(correct=n // 2, correct_rate=0.5, fast_p={"1": 0.5}, geomean_speedup=1.2, by_level={})
+    return s
+
+
+def test_baselines_only_report_says_so():
+    from kernelcraft.bench.report import render
+
+    html = render(_summary(True))
+    header = html[html.index("id='header'"):html.index("</div>", html.index("id='header'"))]
+    assert "baselines only" in header and "optimize" not in header and "policy" not in header and "budget 8" not in header
+    table = html[html.index("id='items'"):html.index("</table>", html.index("id='items'"))]
+    assert "not_evaluated" not in table and "1.20x" in table and "runtime_error" in table
+    scored = render(_summary(False))
+    assert "candidates: <b>optimize</b> (policy recipes, budget 8" in scored
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed")
+def test_bench_report_task_labels_whole_and_apart_in_chromium(tmp_path):
+    from chromium import assert_labels_whole_and_apart, boxes
+
+    from kernelcraft.bench.report import write_report
+
+    for only in (False, True):
+        page = write_report(_summary(only, n=40), tmp_path / f"report-{only}.html")
+        found = boxes(page, "#bars text.xlabel", tmp_path)
+        assert sorted(f["text"] for f in found) == sorted(r["item"] for r in _summary(only, n=40)["items"])
+        assert_labels_whole_and_apart(found, "per-task")

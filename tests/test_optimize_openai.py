@@ -152,3 +152,43 @@ def test_missing_key_is_a_configuration_error(monkeypatch):
         make_policy("openai:gpt-x")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     assert make_policy("openai:gpt-x").api_key == "EMPTY"  # a local server needs no key
+
+
+def test_unreachable_endpoint_fails_fast_naming_its_url(tmp_path, cache_dir):
+    """Nothing listens on the port: the preflight stops the run before anything is evaluated, and a request that
+    gets there anyway gives up after a couple of quick retries, naming the URL (issue 21: it was ~20 s, no URL)."""
+    import socket
+    import time
+
+    from kernelcraft.search.llm import OpenAIPolicy
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    opts = Options(policy="openai:m", device="cpu", budget=2, k=2, policy_options={"base_url": url})
+    t0 = time.monotonic()
+    with pytest.raises(PolicyError, match=f"cannot reach the LLM endpoint {url}/chat/completions"):
+        optimize("tiny/level1/diag_matmul", tmp_path, opts)
+    assert time.monotonic() - t0 < 10 and RunDB(tmp_path).count() == 0
+    assert RunDB(tmp_path).get_meta("null_control") is None  # stopped before the null control
+
+    policy = OpenAIPolicy("m", base_url=url)
+    ctx = _context_for_test()
+    t0 = time.monotonic()
+    with pytest.raises(PolicyError) as e:
+        policy.propose(ctx)
+    took = time.monotonic() - t0
+    assert f"{url}/chat/completions" in str(e.value) and "after 3 attempts" in str(e.value), str(e.value)
+    assert took < 6, took
+
+
+def _context_for_test():
+    import random
+
+    from kernelcraft.devices import device_info
+    from kernelcraft.search.policies import Context
+    from kernelcraft.task import load_task
+
+    return Context(task=load_task("tiny/level1/diag_matmul"), device=device_info("cpu"), round=1, k=2, history=[],
+                   failures=[], sample_exemplars=lambda: [], rng=random.Random(0))

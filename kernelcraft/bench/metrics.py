@@ -142,9 +142,10 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
         "items_total": len(items), "input_errors": len(errors), "statuses": statuses, "reasons": reasons,
         "baselines": {"names": wanted, "skipped": skipped, "compile": compile_names, **stats,
                       "summary": base_summary},
-        "candidates": "optimize" if not source.has_candidates and source.kind != "pairs" else "given",
-        "policy": opts.policy if not source.has_candidates else None,
-        "budget": opts.budget if not source.has_candidates else None,
+        "candidates": "none" if opts.baselines_only else (
+            "optimize" if not source.has_candidates and source.kind != "pairs" else "given"),
+        "policy": opts.policy if not source.has_candidates and not opts.baselines_only else None,
+        "budget": opts.budget if not source.has_candidates and not opts.baselines_only else None,
         "task_jobs": opts.task_jobs if not source.has_candidates else None,  # how it ran, not part of the protocol
         "baselines_only": opts.baselines_only, "protocol": protocol, "resumed": resumed,
         "evaluated": evaluated,

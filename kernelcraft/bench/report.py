@@ -9,6 +9,8 @@ Design decisions
   every measured baseline, failures counted in the caption); per-task bars of the candidate next to
   each baseline (log scale around 1.0, failures marked ×; scrolls sideways for long suites); the
   baselines' own summary; one row per task with its verdict; input errors and notes.
+- A baselines-only bench judged no candidate, and its page says only that: no candidate settings in the
+  header, and the task table shows each task's baselines instead of a column of `not_evaluated`.
 """
 from __future__ import annotations
 
@@ -91,17 +93,22 @@ def distribution_plot(summary: dict, width: int = 1100, height: int = 320) -> st
     return "".join(out)
 
 
-def task_bars(summary: dict, height: int = 340) -> str:
+def task_bars(summary: dict, height: int = 240) -> str:
+    """Per task, the candidate's bar next to each baseline's. Task names are whole, vertical under their group
+    (a group is at least a line of text wide, so neighbours never overlap), and the plot grows downwards to fit
+    the longest (names were cut to 28 characters and rotated into each other)."""
     series = _series(summary)
     items = summary.get("items") or []
     if not series or not items:
         return "<p class='muted'>Nothing measured yet.</p>"
     k = len(series)
     bw = 7 if len(items) * k < 160 else 4
-    gw = k * bw + 8
-    L, R, T, B = 60, 20, 28, 110
+    gw = max(k * bw + 8, 16)
+    longest = max(len(str(r["item"])) for r in items)
+    L, R, T, B = 60, 20, 28, 20 + int(longest * 6.5)
     width = max(700, L + R + gw * len(items))
-    ph = height - T - B
+    ph = height - T - 20
+    height = height + B - 20
     lo, hi = _log_range([v for s in series.values() for v in s])
     y = lambda s: T + (hi - math.log10(s)) / (hi - lo) * ph
     out = [(f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
@@ -123,9 +130,9 @@ def task_bars(summary: dict, height: int = 340) -> str:
                 what = r["status"] if name == "candidate" else ((r["baselines"].get(name) or {}).get("status") or "—")
                 out.append(f"<text x='{x + bw / 2:.1f}' y='{y1 + 4:.1f}' text-anchor='middle' fill='{c}' font-size='11'>"
                            f"×<title>{_e(r['item'])} — {_e(name)}: {_e(what)}</title></text>")
-        lx = x0 + k * bw / 2
-        out.append(f"<text x='{lx:.1f}' y='{T + ph + 8}' transform='rotate(60 {lx:.1f} {T + ph + 8})' fill='#445'>"
-                   f"{_e(r['item'][-28:])}</text>")
+        lx, ly = x0 + (k * bw) / 2 + 3, T + ph + 6
+        out.append(f"<text class='xlabel' x='{lx:.1f}' y='{ly}' transform='rotate(-90 {lx:.1f} {ly})' "
+                   f"text-anchor='end' fill='#445'>{_e(r['item'])}</text>")
     out.append("</svg>")
     return "".join(out)
 
@@ -175,6 +182,19 @@ def _baseline_table(summary: dict) -> str:
 
 def _items_table(summary: dict) -> str:
     names = [b for b in (summary.get("baselines") or {}).get("names", []) if b != "eager"]
+    if summary.get("baselines_only"):  # no candidate was judged: each task's baselines, not a column of statuses
+        head = "<tr><th>task</th><th>level</th>" + "".join(f"<th>{_e(b)} vs eager</th>" for b in names) + "</tr>"
+        body = []
+        for r in summary.get("items") or []:
+            cells = []
+            for b in names:
+                x = r["baselines"].get(b) or {}
+                ok = x.get("status") == "correct"
+                cells.append(f"<td class='num {'' if ok else STATUS_CLASS.get(x.get('status'), 'muted')}'>"
+                             f"{_x(x.get('speedup')) if ok else _e(x.get('status') or '—')}</td>")
+            body.append(f"<tr><td>{_e(r['item'])}</td><td class='num'>{_e(r['level'] if r['level'] is not None else '')}"
+                        f"</td>{''.join(cells)}</tr>")
+        return "<table id='items'>" + head + "".join(body) + "</table>"
     head = ("<tr><th>task</th><th>level</th><th>status</th><th>speedup</th><th>95% CI</th><th>vs best compile</th>"
             + "".join(f"<th>{_e(b)}</th>" for b in names) + "<th>message</th></tr>")
     body = []
@@ -215,9 +235,11 @@ def render(summary: dict) -> str:
     h = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
          f"<title>kernelcraft bench — {_e(s.get('source'))}</title><style>{_CSS}</style></head><body>",
          f"<h1>kernelcraft bench — {_e(s.get('source'))}</h1>",
-         f"<div class='sub'>{_e(s.get('device'))} · candidates: <b>{_e(s.get('candidates'))}</b>"
-         + (f" (policy {_e(s.get('policy'))}, budget {_e(s.get('budget'))}, {_e(s.get('task_jobs') or 1)} task(s) at a "
-            "time)" if s.get("candidates") == "optimize" else "")
+         f"<div class='sub' id='header'>{_e(s.get('device'))} · "
+         + ("<b>baselines only</b> (no candidates judged)" if not scored else
+            f"candidates: <b>{_e(s.get('candidates'))}</b>"
+            + (f" (policy {_e(s.get('policy'))}, budget {_e(s.get('budget'))}, {_e(s.get('task_jobs') or 1)} task(s) "
+               "at a time)" if s.get("candidates") == "optimize" else ""))
          + f" · {proto.get('trials')} trials, {proto.get('time_budget_s')} s timing budget, mode {_e(proto.get('mode'))}"
          + f" · baselines {_e(', '.join(b.get('names') or []) or 'none')}"
          + f" · {s.get('wall_s', 0):.0f} s</div>",

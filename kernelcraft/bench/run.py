@@ -130,7 +130,7 @@ def default_out(source: Source) -> Path:
 
 
 def run(source: Source, out: str | os.PathLike | None = None, options: BenchOptions | None = None, *,
-        on_event: Callable[..., None] | None = None) -> dict:
+        on_event: Callable[..., None] | None = None, cancel: threading.Event | None = None) -> dict:
     """Run (or resume) a bench into `out` and return the summary (also written to OUT/summary.json).
 
     With more than one task optimized at once, `on_event` also gets called from those runs' threads
@@ -279,7 +279,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                 emit("result", what="item", name=group[0].name, status=v["status"], speedup=v["speedup"],
                      message=first_line(v["message"]))
 
-        stop = threading.Event()  # set on Ctrl-C or a failed task: concurrent optimize runs stop
+        stop = cancel or threading.Event()  # set on Ctrl-C or a failed task: the optimize runs stop
         evaluated += _optimize_tasks(todo_opt, groups, log, opts.task_jobs, stop, emit, lambda it: _optimize_item(
             it, out, opts, dev, proto, pool, env, emit, policy, stop))
         pool.close()
@@ -373,7 +373,12 @@ def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: t
     n, futures, logged = 0, {}, set()
     ex = ThreadPoolExecutor(max_workers=min(jobs, len(keys)), thread_name_prefix="kc-bench-optimize")
     try:
-        futures = {ex.submit(optimize_one, groups[key][0]): key for key in keys}
+        def guarded(it: Item) -> dict:  # a task whose turn comes after a stop never starts
+            if stop.is_set():
+                raise Cancelled(f"optimize {it.name}: cancelled before it started")
+            return optimize_one(it)
+
+        futures = {ex.submit(guarded, groups[key][0]): key for key in keys}
         for f in as_completed(futures):
             n += finished(futures[f], f.result())
             logged.add(f)

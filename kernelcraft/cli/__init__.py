@@ -4,10 +4,12 @@ Design decisions
 - Every command is a call into the library plus printing. With `--json` the last line of stdout is the
   JSON record and nothing else goes to stdout after it; human output is rich tables/panels.
 - Exit status 0 whenever a verdict was reached (whatever it says); 2 with a one-line message for usage
-  errors: missing file, unknown task, bad option; `tasks --check` exits 1 when it flags a task (a check,
-  not a verdict: scripts gate on it).
+  errors: missing file, unknown task, bad option, unreachable LLM endpoint; `tasks --check` exits 1 when it
+  flags a task (a check, not a verdict: scripts gate on it); 130 when interrupted (`interrupt.Interrupts`:
+  acknowledged at once, finished results kept). The README's CLI section lists them.
 - Output to a pipe or file is never wrapped (`common._console`): what a script or a file receives is
-  what was printed. `--version` prints one line.
+  what was printed; a terminal gets rich's layout at its width, cells folded rather than cut. `--version`
+  prints one line.
 - One module per group of commands (`judge`: eval, tasks; `optimize`: optimize, report; `bench`;
   `serve`), each registering on the one app of `common`, which also declares the protocol options.
 """

@@ -1,7 +1,6 @@
 """`kernelcraft bench`: a whole suite judged at once, with a progress bar, a results table and resume."""
 from __future__ import annotations
 
-import signal
 import threading
 from pathlib import Path
 from typing import Optional
@@ -14,6 +13,7 @@ from rich.table import Table
 from kernelcraft import devices
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.run import BenchError, Interrupted, default_out, resolve, run
+from kernelcraft.cli.interrupt import EXIT_INTERRUPTED, Interrupts
 from kernelcraft.cli.common import DEVICE, app, console, out, print_json, usage_error, with_protocol
 from kernelcraft.protocol import Protocol
 
@@ -118,10 +118,6 @@ def _bench_table(s: dict) -> None:
                                     if s["input_errors"] else ""), highlight=False)
 
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def _fx(v) -> str:
     return "—" if v is None else f"{v:.2f}x"
 
@@ -173,10 +169,10 @@ def bench_cmd(
                         budget=budget, task_jobs=task_jobs,
                         optimize_options={"time_limit_s": time_limit} if time_limit else {})
     out_dir = out_dir or default_out(src)
-    progress = _BenchProgress(quiet)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `timeout 500 kernelcraft bench` stops like Ctrl-C
-    try:
-        summary = run(src, out_dir, opts, on_event=progress)
+    progress, cancel = _BenchProgress(quiet), threading.Event()
+    try:  # Ctrl-C or SIGTERM (`timeout 500 kernelcraft bench`): acknowledged at once, finished verdicts kept
+        with Interrupts(cancel, lambda: "stopping the running evaluations; finished verdicts are kept", console):
+            summary = run(src, out_dir, opts, on_event=progress, cancel=cancel)
     except BenchError as e:
         progress.stop()
         usage_error(str(e))
@@ -186,9 +182,7 @@ def bench_cmd(
                 + (f", {e.baselines} new baseline verdict(s) in baselines.jsonl" if e.baselines else "")
                 if isinstance(e, Interrupted) else f"finished verdicts kept in {out_dir}")
         console.print(f"[yellow]interrupted[/yellow]: {kept}; re-run the same command to resume")
-        raise typer.Exit(130) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     if as_json:
         print_json({k: v for k, v in summary.items() if k != "items"})
         return

@@ -6,7 +6,11 @@ Design decisions
   kind), so no command restates one. Their help text is the model's field description.
 - One name per knob in every command; an older spelling stays as a hidden alias (`--eval-time` for
   `--time-budget`), so scripts written against it keep working.
-- A bad value is a usage error (exit 2, one line naming the option), never a verdict.
+- A bad value is a usage error (exit 2, one line naming the option), never a verdict. An option that
+  belongs to another command (`eval --budget`) names that command instead of click's nearest spelling
+  (which offered `--time-budget`, a different knob): `_Group`.
+- A built-in name without a tier on a CPU (`level1/x`) is the GPU-sized task; `tier_notice` says so before
+  anything runs, with the tiny tier's name.
 """
 from __future__ import annotations
 
@@ -18,10 +22,31 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from kernelcraft.protocol import Protocol, ProtocolError, describe_problems
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+class _Group(TyperGroup):
+    """The app's group: an unknown option that another command has is answered with that command."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Exception as e:  # click's NoSuchOption (typer >= 0.2x vendors click: matched by name)
+            if type(e).__name__ != "NoSuchOption" or getattr(e, "ctx", None) is None:
+                raise
+            sub, name = e.ctx.command, e.option_name
+            owners = [n for n, cmd in sorted(self.commands.items()) if cmd is not sub and not cmd.hidden
+                      and any(getattr(p, "param_type_name", "") == "option" and name in p.opts for p in cmd.params)]
+            if sub is self or not owners:
+                raise
+            cmds = [f"`kernelcraft {o} {name}`" for o in owners]
+            where = cmds[0] if len(cmds) == 1 else ", ".join(cmds[:-1]) + " and " + cmds[-1]
+            raise type(e)(name, message=f"No such option for `{sub.name}`: {name} (it is an option of {where})",
+                          ctx=e.ctx) from None
+
+
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
                   help="kernelcraft: trustworthy evaluation and automatic optimization of GPU code.")
 
 
@@ -60,6 +85,36 @@ def usage_error(msg: str) -> None:
 def print_json(record: dict) -> None:
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
+
+
+def tier_notice(spec: str, task, device: str | None) -> None:
+    """Say on stderr, before anything runs, that a built-in task about to run on a CPU is the GPU-sized one
+    (a tier-less `level1/x` is the GPU tier: a minute or more per evaluation on a CPU), and how to pick the
+    CPU tier."""
+    if getattr(task, "tier", None) != "gpu":
+        return
+    from kernelcraft import devices
+
+    try:
+        dev = devices.resolve(device)[0]
+    except ValueError:
+        return  # the command reports the bad device itself
+    if devices.kind(dev) != "cpu":
+        return
+    import ast
+
+    from kernelcraft.task import tiny_overrides
+
+    tiny = "tiny/" + task.name.split("/", 1)[1]
+    shrunk = tiny_overrides(task.source)
+    big = {n.targets[0].id: ast.get_source_segment(task.source, n.value) for n in ast.parse(task.source).body
+           if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+           and n.targets[0].id in shrunk}
+    sizes = ", ".join(f"{k}={v}" for k, v in big.items())
+    asked = "" if spec.startswith("gpu/") else f" ({spec} without a tier is the GPU tier)"
+    console.print(f"[yellow]note[/yellow]: running the GPU-sized task {task.name} on a CPU{asked}"
+                  + (f", {sizes}" if sizes else "") + ": one evaluation can take minutes here. The CPU tier "
+                  f"is [bold]{tiny}[/bold].", highlight=False)
 
 
 def _help(field: str) -> str:

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from kernelcraft.cli.common import DEVICE, app, out, print_json, usage_error, with_protocol
+from kernelcraft.cli.common import DEVICE, app, out, print_json, tier_notice, usage_error, with_protocol
 from kernelcraft.evaluate import check_task, evaluate
 from kernelcraft.protocol import Protocol
 from kernelcraft.task import TIERS, TaskError, builtin_names, load_task
@@ -48,6 +48,7 @@ def eval_cmd(
     if not candidate.is_file():
         usage_error(f"candidate file not found: {candidate}")
     try:
+        tier_notice(task, load_task(task), device)
         v = evaluate(task, candidate, protocol=protocol.with_(timing=False) if no_timing else protocol, device=device)
     except (TaskError, ValueError, FileNotFoundError) as e:
         usage_error(str(e))
@@ -93,8 +94,8 @@ def tasks_cmd(
         print_json({"tasks": rows})
         return
     table = Table(title="built-in tasks (suite/level/name)")
-    for col in ("name", "level", "summary"):
-        table.add_column(col)
+    for col in ("name", "level", "summary"):  # a narrow terminal folds a cell onto more lines, never cuts it with …
+        table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(r["name"], str(r["level"]), r["summary"])
     out.print(table)

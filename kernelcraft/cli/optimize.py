@@ -1,5 +1,13 @@
-"""`kernelcraft optimize` (the search, with live progress) and `kernelcraft report` (its HTML page)."""
+"""`kernelcraft optimize` (the search, with live progress) and `kernelcraft report` (its HTML page).
+
+Design decisions
+- Nothing long happens without a word on stderr: what a resume picks up ("resuming: 5/8 candidates done"),
+  every verdict as it lands, why the run stopped (`stopped_detail`), and Ctrl-C the moment it arrives
+  (`interrupt.Interrupts`: the running evaluations are stopped, finished ones stay in OUT/run.db, exit 130).
+"""
 from __future__ import annotations
+
+import threading
 
 from pathlib import Path
 from typing import Optional
@@ -8,9 +16,11 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kernelcraft.cli.common import DEVICE, app, console, out, print_json, usage_error, with_protocol
+from kernelcraft.cli.common import (DEVICE, app, console, out, print_json, tier_notice, usage_error,
+                                    with_protocol)
 from kernelcraft.protocol import Protocol
-from kernelcraft.search.optimize import Options, RunInUse, optimize
+from kernelcraft.cli.interrupt import EXIT_INTERRUPTED, Interrupts
+from kernelcraft.search.optimize import Cancelled, Options, RunInUse, optimize
 from kernelcraft.search.policies import PolicyError
 from kernelcraft.search.report import summary_json, write_report
 from kernelcraft.task import TaskError, load_task
@@ -25,6 +35,14 @@ class _OptimizeProgress:
                                  TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                                  transient=True)
         self.bar = self.progress.add_task("", total=budget)
+        self.running: dict = {}  # what is being evaluated now: key -> label
+        self.done = 0
+
+    def interrupted(self) -> str:
+        running = list(self.running.values())  # a copy: evaluation threads change it
+        n = len(running)
+        return (f"stopping {n} running evaluation{'s' if n != 1 else ''}"
+                + (f" ({', '.join(running)})" if n else "") + "; finished results are kept")
 
     def _status(self) -> str:
         best = f"best {self.best:.2f}x" if self.best else "best —"
@@ -33,14 +51,23 @@ class _OptimizeProgress:
     def __call__(self, kind: str, **d) -> None:
         if kind == "start":
             self.progress.start()
-            console.print(f"{'resuming' if d['resumed'] else 'starting'}: {d['device']} · {d['jobs']} job(s)"
-                          + (f" · re-queued {len(d['requeued'])} in-flight" if d["requeued"] else ""))
+            self.done = d.get("done", 0)
+            head = (f"resuming: {d.get('done', 0)}/{self.budget} candidates done ({d.get('correct', 0)} correct)"
+                    if d["resumed"] else "starting")
+            console.print(f"{head}: {d['device']} · {d['jobs']} job(s)"
+                          + (f" · re-queued {len(d['requeued'])} that were in flight" if d["requeued"] else ""),
+                          highlight=False)
             self.progress.update(self.bar, completed=d["candidates"])
+        elif kind in ("eval_start", "control_start", "confirm_start"):
+            key = d.get("id") if kind == "eval_start" else (kind, d.get("id"))
+            self.running[key] = {"eval_start": f"#{d.get('id')}", "control_start": "null control",
+                                 "confirm_start": f"confirming #{d.get('id')}"}[kind]
         elif kind == "round":
             self.progress.update(self.bar, advance=d["new"])
             console.print(f"[dim]round {d['round']}: {d['new']} new candidate(s)"
                           + (f", {d['duplicates']} duplicate(s) skipped" if d["duplicates"] else "") + "[/dim]")
         elif kind == "verdict":
+            self.running.pop(d["id"], None)
             tech = escape(", ".join(d["techniques"]) or "-")
             if d["status"] == "correct":
                 self.ok += 1
@@ -56,6 +83,7 @@ class _OptimizeProgress:
                 console.print(f"  #{d['id'] or '-'} [red]{d['status']}[/red] {tech}  [dim]{escape(d['message'])}[/dim]",
                               highlight=False)
         elif kind == "control":
+            self.running.pop(("control_start", None), None)
             sp = f"{d['speedup']:.3f}x" if d.get("speedup") else d.get("status")
             biased = d.get("status") == "correct" and (d.get("ci95") or [0])[0] > 1.0
             if biased:
@@ -63,6 +91,7 @@ class _OptimizeProgress:
             console.print(f"null control (the reference timed against itself): {sp}"
                           + (" — a timing bias: candidates must beat this" if biased else ""))
         elif kind == "confirm":
+            self.running.pop(("confirm_start", d.get("id")), None)
             sp = f"{d['speedup']:.2f}x" if d["speedup"] else d["status"]
             console.print(f"  confirmed #{d['id']} in a fresh worker: {sp}")
         elif kind == "done":
@@ -110,6 +139,7 @@ def optimize_cmd(
         t = load_task(task)
     except TaskError as e:
         usage_error(str(e))
+    tier_notice(task, t, device)
     out_dir = out_dir or Path("runs") / t.stem
     opts = Options(policy=policy, budget=budget, time_limit_s=time_limit, k=k, jobs=jobs, patience=patience or None,
                    exemplars=exemplars, tau=tau, selector=selector, seed=seed, device=device, protocol=protocol,
@@ -118,19 +148,26 @@ def optimize_cmd(
                    allow_precision_change=allow_precision_change, backend=backend,
                    policy_options=dict(base_url=base_url, api_key=api_key, temperature=temperature,
                                        max_tokens=max_tokens, concurrency=k, skip=skip or ()))
+    progress, cancel = _OptimizeProgress(budget), threading.Event()
     try:
-        res = optimize(t, out_dir, opts, on_event=_OptimizeProgress(budget))
+        with Interrupts(cancel, progress.interrupted, console):
+            res = optimize(t, out_dir, opts, on_event=progress, cancel=cancel)
     except (TaskError, ValueError, PolicyError, RunInUse) as e:
+        progress.progress.stop()
         usage_error(str(e))
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/yellow]: re-run the same command to resume from {out_dir}")
-        raise typer.Exit(130)
+    except (KeyboardInterrupt, Cancelled):
+        progress.progress.stop()
+        console.print(f"stopped: {_kept(out_dir)}; re-run the same command to resume", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     if as_json:
         print_json(res.to_json())
         return
     color = {"improved": "green", "no_improvement": "yellow"}.get(res.status, "red")
-    out.print(f"[bold]{res.task}[/bold]: [bold {color}]{res.status}[/bold {color}] after {res.candidates} candidates "
-              f"({res.correct} correct, {res.failed} failed, {res.parse_errors} parse errors; stopped: {res.stopped})")
+    out.print(f"[bold]{res.task}[/bold]: [bold {color}]{res.status}[/bold {color}] after {res.candidates} of "
+              f"{res.budget} candidates ({res.correct} correct, {res.failed} failed, {res.parse_errors} parse errors)",
+              highlight=False)
+    out.print(f"stopped: {res.stopped} — {escape(res.stopped_detail)}" if res.stopped_detail else
+              f"stopped: {res.stopped}", highlight=False)
     if res.best_path:
         lo, hi = res.best_ci95
         out.print(f"best: [bold]{res.best_speedup:.2f}x[/bold] (95% CI {lo:.2f}–{hi:.2f}"
@@ -140,6 +177,22 @@ def optimize_cmd(
         out.print("no candidate was verified faster than the reference: no best.py written")
     out.print(f"report: kernelcraft report {res.run_dir}")
 
+
+
+def _kept(out_dir: Path) -> str:
+    """What an interrupted run left in its database, in words."""
+    from kernelcraft.search.rundb import DB_NAME, RunDB
+
+    if not (out_dir / DB_NAME).is_file():
+        return "nothing was evaluated yet"
+    db = RunDB(out_dir)
+    try:
+        rows = db.rows()
+    finally:
+        db.close()
+    done = [r for r in rows if r.state == "done"]
+    return (f"{len(done)} finished candidate(s) kept in {out_dir / DB_NAME} ({sum(r.correct for r in done)} correct"
+            f"{f', {len(rows) - len(done)} queued or interrupted' if len(rows) > len(done) else ''})")
 
 
 @app.command("report")

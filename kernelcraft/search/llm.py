@@ -9,7 +9,13 @@ Design decisions
   off), so they are visible and bounded: connection errors, timeouts, 429 and 5xx are retried with
   exponential backoff and jitter; a request that still fails becomes a recorded `llm_error` proposal.
   Configuration errors (401/403, unknown model) stop the run with a `PolicyError`, and so does a round
-  in which every request failed (the endpoint is down: no point burning the budget).
+  in which every request failed (the endpoint is down: no point burning the budget). A refused or failed
+  connection is retried only `connect_retries` times (default 2, ~1.5 s): an endpoint that is not there
+  does not start answering with backoff, and waiting ~20 s to say so was the old behaviour. Every error
+  names the URL it tried.
+- `preflight()` (called by the loop before anything else runs): one TCP connection to the endpoint's host
+  and port (5 s at most), so a wrong `--base-url` or a server that is down stops the run at once with the
+  URL, before the null control. Skipped behind an HTTP(S) proxy, which only the SDK knows how to use.
 - Endpoint and key: flags, else `OPENAI_BASE_URL` / `OPENAI_API_KEY`. A local server without auth
   (vLLM, llama.cpp) needs only a base URL; the key then defaults to "EMPTY".
 - `hf` loads a causal LM from a local directory with transformers (optional import, extra `hf`),
@@ -75,7 +81,8 @@ class OpenAIPolicy:
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
                  temperature: float = 0.7, max_tokens: int = 8192, concurrency: int | None = None,
-                 max_retries: int = 4, backoff_s: float = 1.0, request_timeout_s: float = 600.0, **_):
+                 max_retries: int = 4, backoff_s: float = 1.0, request_timeout_s: float = 600.0,
+                 connect_retries: int = 2, connect_timeout_s: float = 5.0, **_):
         try:
             import openai  # noqa: F401
         except ImportError:
@@ -89,14 +96,38 @@ class OpenAIPolicy:
         self.temperature, self.max_tokens = temperature, max_tokens
         self.concurrency, self.max_retries = concurrency, max_retries
         self.backoff_s, self.request_timeout_s = backoff_s, request_timeout_s
+        self.connect_retries, self.connect_timeout_s = connect_retries, connect_timeout_s
         self.name = f"openai:{model}"
+
+    @property
+    def url(self) -> str:
+        return (self.base_url or "https://api.openai.com/v1").rstrip("/") + "/chat/completions"
+
+    def preflight(self) -> None:
+        """Fail now, naming the URL, when nothing listens at the endpoint (module docstring)."""
+        import socket
+        from urllib.parse import urlsplit
+
+        if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                                           "all_proxy")):
+            return
+        u = urlsplit(self.url)
+        host, port = u.hostname or "", u.port or (443 if u.scheme == "https" else 80)
+        t0 = time.monotonic()
+        try:
+            socket.create_connection((host, port), timeout=self.connect_timeout_s).close()
+        except OSError as e:
+            why = e.strerror or str(e) or type(e).__name__
+            raise PolicyError(f"cannot reach the LLM endpoint {self.url}: {host}:{port}: {why} (after "
+                              f"{time.monotonic() - t0:.1f} s). Is the server running? The endpoint comes from "
+                              "--base-url or OPENAI_BASE_URL") from None
 
     def propose(self, ctx: Context) -> list[Proposal]:
         jobs = _prompts(ctx)
         jitter = random.Random(ctx.rng.random())
         results = _run_async(self._all(jobs, jitter))
         if results and all(r[2] is not None and r[1] is None for r in results):
-            raise PolicyError(f"every request to the endpoint failed this round: {results[0][2]}")
+            raise PolicyError(f"every request to {self.url} failed this round: {results[0][2]}")
         return [_proposal(p, parents, reply, usage, err) for (p, parents), (usage, reply, err) in zip(jobs, results)]
 
     async def _all(self, jobs, jitter):
@@ -126,16 +157,20 @@ class OpenAIPolicy:
                         model=self.model, messages=prompt.messages(), temperature=self.temperature,
                         max_tokens=self.max_tokens)
                 except fatal as e:
-                    raise PolicyError(f"{self.base_url or 'OpenAI'} refused the request: {e}") from None
+                    raise PolicyError(f"{self.url} refused the request: {e}") from None
                 except retryable as e:
-                    if attempt == self.max_retries:
+                    unreachable = isinstance(e, openai.APIConnectionError) and not isinstance(e, openai.APITimeoutError)
+                    last = min(self.max_retries, self.connect_retries) if unreachable else self.max_retries
+                    if attempt >= last:
                         usage["latency_s"] = round(time.monotonic() - t0, 3)
-                        return usage, None, f"{type(e).__name__} after {attempt + 1} attempts: {e}"
-                    await asyncio.sleep(self.backoff_s * 2 ** attempt * (0.5 + jitter.random()))
+                        return usage, None, (f"{type(e).__name__} from {self.url} after {attempt + 1} attempts in "
+                                             f"{usage['latency_s']:.1f} s: {e}")
+                    await asyncio.sleep((0.5 if unreachable else self.backoff_s) * 2 ** attempt
+                                        * (0.5 + jitter.random()))
                     continue
                 except openai.APIStatusError as e:  # other 4xx (e.g. prompt too long): not retryable
                     usage["latency_s"] = round(time.monotonic() - t0, 3)
-                    return usage, None, f"HTTP {e.status_code}: {e}"
+                    return usage, None, f"HTTP {e.status_code} from {self.url}: {e}"
                 choice = resp.choices[0] if resp.choices else None
                 u = resp.usage
                 usage.update(prompt_tokens=getattr(u, "prompt_tokens", 0) or 0,

@@ -27,7 +27,11 @@ Design decisions
 - The run's `Protocol` (resolved for its device) is pinned in the database: a resume under other rules
   is refused rather than mixing their numbers in one leaderboard. Search settings may change on resume.
 - Stops on: budget (candidates), wall-time limit, `patience` rounds without a >1% improvement of the
-  best verified speedup, or a policy with nothing new left to propose.
+  best verified speedup, or a policy with nothing new left to propose. `Result.stopped` is the code,
+  `stopped_detail` says it in words (for `exhausted`, the policy's own `exhausted(context)` when it has
+  one: a run that stops at 5 of 8 candidates says why).
+- Time: `wall_s` is this invocation's; `wall_s_total` and `invocations` cover every invocation of the
+  run, killed ones included (`rundb.invocations`, from the event log and the rows' timestamps).
 - Progress is reported through a callback (`on_event(kind, **data)`); the library prints nothing.
 - A caller running optimisations in threads stops one with `cancel` (a `threading.Event`, as
   `kernelcraft bench --task-jobs` does on Ctrl-C or a failed task): checked before every proposal round
@@ -122,6 +126,10 @@ class Result:
     null_control_speedup: float | None = None
     bar: float = 1.0
     wall_s: float = 0.0
+    stopped_detail: str = ""
+    budget: int | None = None
+    wall_s_total: float = 0.0
+    invocations: int = 1
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -294,44 +302,61 @@ class _Run:
         t0 = time.monotonic()
         requeued = self.db.requeue_in_flight()
         self.db.log("start", resumed=self.db.count() > 0, requeued=requeued, policy=self.opts.policy)
+        done = self.db.rows("WHERE state = 'done'")
         self.emit("start", resumed=self.db.count() > 0, requeued=requeued, candidates=self.db.count(),
+                  done=len(done), correct=sum(r.correct for r in done), budget=self.opts.budget,
                   jobs=self.jobs, device=self.info.describe())
+        preflight = getattr(self.policy, "preflight", None)
+        if preflight is not None:
+            preflight()  # an unreachable endpoint is reported now, with what was tried (PolicyError)
         self._null_control()
         self._drain()
-        rnd, stale, flat, stopped = self.db.last_round(), 0, 0, ""
+        rnd, stale, flat, stopped, detail = self.db.last_round(), 0, 0, "", ""
         while True:
             n = self.db.count()
             if self.opts.budget is not None and n >= self.opts.budget:
-                stopped = "budget"
+                stopped, detail = "budget", f"the budget of {self.opts.budget} candidates is used"
                 break
             if self.opts.time_limit_s is not None and time.monotonic() - t0 >= self.opts.time_limit_s:
-                stopped = "time"
+                stopped, detail = "time", f"the time limit of {self.opts.time_limit_s:g} s was reached"
                 break
             self._check()
             rnd += 1
             k = self.opts.k if self.opts.budget is None else min(self.opts.k, self.opts.budget - n)
             before = self.best_verified()
-            proposals = self.policy.propose(self._context(rnd, k, self.db.rows()))[:k]
+            ctx = self._context(rnd, k, self.db.rows())
+            proposals = self.policy.propose(ctx)[:k]
             if not proposals:
-                stopped = "exhausted"
+                stopped, detail = "exhausted", self._exhausted(ctx)
                 break
             new, dups = self._record(proposals, rnd)
             self.emit("round", round=rnd, proposed=len(proposals), new=new, duplicates=dups)
             stale = stale + 1 if new == 0 else 0
             if stale >= 3:
-                stopped = "exhausted"
+                stopped, detail = "exhausted", f"the {self.opts.policy} policy proposed only duplicates of earlier " \
+                    "candidates 3 rounds in a row"
                 break
             self._drain()
             flat = 0 if self.best_verified() > before * (1 + self.opts.min_gain) else flat + 1
             if self.opts.patience and flat >= self.opts.patience:
-                stopped = "patience"
+                stopped, detail = "patience", (f"{flat} rounds in a row without a >{self.opts.min_gain:.0%} gain in the "
+                                               "best verified speedup (--patience)")
                 break
-        self.db.log("stop", reason=stopped)
-        result = self._finish(stopped, rnd, time.monotonic() - t0)
+        self.db.log("stop", reason=stopped, detail=detail)
+        result = self._finish(stopped, rnd, time.monotonic() - t0, detail)
         self.emit("done", **result.to_json())
         return result
 
-    def _finish(self, stopped: str, rounds: int, wall: float) -> Result:
+    def _exhausted(self, ctx: Context) -> str:
+        explain = getattr(self.policy, "exhausted", None)
+        try:
+            why = explain(ctx) if explain is not None else ""
+        except Exception as e:  # noqa: BLE001 - an explanation must not end a finished run
+            why = f"({type(e).__name__} while explaining: {e})"
+        return why or (f"the {self.opts.policy} policy has nothing new to propose after {self.db.count()} distinct "
+                       "candidate(s)")
+
+    def _finish(self, stopped: str, rounds: int, wall: float, detail: str = "") -> Result:
         rows = self.db.rows()
         leaders = sorted((r for r in rows if r.correct and self._faster(r.ci_low) and drop_in(r.verdict)),
                          key=lambda r: -r.speedup)
@@ -351,7 +376,10 @@ class _Run:
                               ci95=[c["ci_low"], c["ci_high"]])
                 if c["status"] == "correct" and self._faster(c["ci_low"]):
                     ok.append((r, c))
-            for r, c in ok:
+            confs = self.db.confirmations()  # every leader whose confirmation holds, earlier invocations' too
+            held = [(r, confs[r.id]) for r in leaders if r.id in confs and confs[r.id]["status"] == "correct"
+                    and self._faster(confs[r.id]["ci_low"])]
+            for r, c in held:  # the best confirmed number: what the report ranks first and plots
                 if best_sp is None or c["speedup"] > best_sp:
                     best, best_sp, best_ci, is_conf = r, c["speedup"], [c["ci_low"], c["ci_high"]], True
         elif leaders:
@@ -378,7 +406,11 @@ class _Run:
             failed=sum(r.state == "done" and not r.correct and r.status != "parse_error" for r in rows),
             parse_errors=sum(r.status == "parse_error" for r in rows), rounds=rounds, stopped=stopped,
             policy=self.opts.policy, device=self.info.describe(), tokens=tokens, bar=self.bar,
-            null_control_speedup=(self.control or {}).get("speedup"), wall_s=round(wall, 2))
+            null_control_speedup=(self.control or {}).get("speedup"), wall_s=round(wall, 2),
+            stopped_detail=detail, budget=self.opts.budget)
+        spans = self.db.invocations()
+        res.invocations = len(spans) or 1  # this one is the last: its own clock, the earlier ones as stored
+        res.wall_s_total = round(sum(b - a for a, b in spans[:-1]) + wall, 2)
         (self.out / "summary.json").write_text(json.dumps(res.to_json(), indent=2) + "\n")
         self.db.set_meta("summary", res.to_json())
         return res

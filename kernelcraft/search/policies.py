@@ -15,6 +15,10 @@ Design decisions
 - A policy that may be called from several threads at once (one object shared by concurrent optimize runs
   in `kernelcraft bench`) says so with a class attribute `thread_safe = True`; callers serialise
   `propose` for any other (plugins included), so a policy never has to be thread-safe to be correct.
+- Two optional hooks, so a run says what happened in the user's terms: `exhausted(context) -> str` explains
+  why `propose` returned nothing (the run stops as `exhausted`: "every valid combination of these 3 recipes
+  was tried"), and `preflight()` checks what the policy depends on (an endpoint answers) before the run
+  spends anything, raising `PolicyError` at once with what it tried.
 """
 from __future__ import annotations
 

@@ -11,9 +11,19 @@ Design decisions
   the recent failures with their messages.
 - Everything shown comes from the database, so a report can be made for a run in progress or one
   that was killed; text from candidates and replies is always HTML-escaped.
+- One number per candidate, everywhere (`_Standing`): the headline, the leaderboard's order and the plot's
+  "best so far" line all use the confirmed speedup (the re-timing in a fresh worker) where the run
+  confirms, and say "unconfirmed" where a number is only the search's own measurement. The search's
+  maximum is biased upwards, so ranking by it put a 2.49x on top of a report whose headline was a
+  confirmed 1.63x. The terms (correct, verified, confirmed) are defined on the page.
+- The diff compares like with like: the task's `get_inputs`/`get_init_inputs` are left out of the
+  reference's side when the candidate does not define them (inputs always come from the task, so a
+  candidate never carries them; showing them as deleted said something untrue).
+- The header's time is the run's, over every invocation (`rundb.invocations`), not only the last.
 """
 from __future__ import annotations
 
+import ast
 import difflib
 import html
 import json
@@ -60,7 +70,7 @@ def load_run(run_dir: str | Path) -> dict:
                 "reference": db.get_meta("task_source", ""), "device": db.get_meta("device", ""),
                 "options": db.get_meta("options", {}), "summary": db.get_meta("summary"),
                 "control": db.get_meta("null_control"),
-                "events": db.events()}
+                "events": db.events(), "invocations": db.invocations()}
     finally:
         db.close()
 
@@ -78,17 +88,59 @@ def log_grid(out: list, lo: float, hi: float, y, L: int, right: int) -> None:
     out.append(f"<line x1='{L}' x2='{right}' y1='{ry:.1f}' y2='{ry:.1f}' stroke='#556' stroke-dasharray='5 4'/>")
 
 
-def _plot(rows, bar=1.0, width=1100, height=340) -> str:
+class _Standing:
+    """Where each candidate stands, in one place, so every part of the page agrees (module docstring)."""
+
+    def __init__(self, rows, conf: dict, bar: float, summary: dict):
+        self.conf, self.bar = conf, bar
+        self.confirming = bool(conf) or bool(summary.get("confirmed"))  # this run's numbers are confirmations
+
+    def held(self, r) -> dict | None:
+        c = self.conf.get(r.id)
+        ok = c and c["status"] == "correct" and c["speedup"] and c["ci_low"] is not None and c["ci_low"] > self.bar
+        return c if ok else None
+
+    def label(self, r) -> str:
+        if not r.faster_than(self.bar):
+            return r.status or r.state
+        if self.held(r):
+            return "confirmed"
+        if r.id in self.conf:
+            return "not reproduced"
+        return "verified, unconfirmed" if self.confirming else "verified"
+
+    def reported(self, r) -> float | None:
+        """The speedup this page reports for a candidate's place: the confirmed one where the run confirms."""
+        if not r.faster_than(self.bar):
+            return None
+        c = self.held(r)
+        if c:
+            return c["speedup"]
+        return None if self.confirming else r.speedup
+
+    def rank_key(self, r):
+        group = {"confirmed": 0, "verified": 0, "verified, unconfirmed": 1, "not reproduced": 2}.get(self.label(r), 3)
+        return (group if r.correct else 4, -(self.reported(r) or r.speedup or 0.0), r.id)
+
+
+LABEL_COLORS = {"confirmed": "#187a3a", "verified": "#187a3a", "verified, unconfirmed": "#5f8f3a",
+                "not reproduced": "#9a6700"}
+
+
+def _plot(rows, standing: "_Standing", width=1100, height=380) -> str:
     pts = [r for r in rows if r.state == "done"]
     if not pts:
         return "<p class='muted'>No evaluated candidates yet.</p>"
     ok = [r.speedup for r in pts if r.correct] + [r.ci_high for r in pts if r.correct and r.ci_high] + [1.0]
     ok += [r.ci_low for r in pts if r.correct and r.ci_low]
+    ok += [standing.conf[r.id]["speedup"] for r in pts if r.id in standing.conf and standing.conf[r.id]["speedup"]]
     lo, hi = math.log10(max(min(ok) / 1.3, 1e-3)), math.log10(max(ok) * 1.3)
     if hi - lo < 0.3:
         lo, hi = lo - 0.15, hi + 0.15
-    L, R, T, B, band = 60, 20, 16, 46, 26
-    ph = height - T - B - band
+    failed = [r for r in pts if not r.correct]
+    L, R, T = 60, 20, 16
+    band = 26 if failed else 0
+    ph = height - T - 64 - band
     xs = {r.id: L + (i + 0.5) * (width - L - R) / len(pts) for i, r in enumerate(pts)}
     y = lambda s: T + (hi - math.log10(s)) / (hi - lo) * ph  # noqa: E731
     out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
@@ -98,45 +150,111 @@ def _plot(rows, bar=1.0, width=1100, height=340) -> str:
     ry = y(1.0)
     out.append(f"<text x='{width - R - 4}' y='{ry - 4:.1f}' text-anchor='end' fill='#556'>reference</text>")
     by = T + ph + band / 2 + 4
-    out.append(f"<text x='{L - 6}' y='{by + 4:.1f}' text-anchor='end' fill='#b3261e'>failed</text>")
-    best, steps = None, []
-    for r in pts:
-        if r.faster_than(bar) and (best is None or r.speedup > best):
-            best = r.speedup
-        steps.append((xs[r.id], y(best) if best else None))
-    path = []
-    for x, yy in steps:
-        if yy is not None:
+    if failed:  # the band of failures, labelled inside the plot's left edge
+        out.append(f"<rect x='{L}' y='{T + ph + 3}' width='{width - L - R}' height='{band - 6}' fill='#fdf3f2'/>"
+                   f"<text class='band' x='{L - 6}' y='{by + 4:.1f}' text-anchor='end' fill='#b3261e'>failed</text>")
+    best, path = None, []
+    for r in pts:  # the running best of the numbers the headline uses
+        v = standing.reported(r)
+        if v is not None and (best is None or v > best):
+            best = v
+        if best is not None:
+            x, yy = xs[r.id], y(best)
             path.append(f"H{x:.1f} V{yy:.1f}" if path else f"M{x:.1f} {yy:.1f}")
     if path:
-        out.append(f"<path d='{' '.join(path)}' fill='none' stroke='#187a3a' stroke-width='1.5' opacity='0.6'/>")
+        out.append(f"<path id='best-line' data-final='{best:.2f}' d='{' '.join(path)}' fill='none' stroke='#187a3a' "
+                   "stroke-width='1.5' opacity='0.6'/>")
     for r in pts:
         x = xs[r.id]
-        tip = _e(f"#{r.id} {r.status}" + (f" {r.speedup:.2f}x [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]" if r.correct else "")
+        c = standing.conf.get(r.id)
+        tip = _e(f"#{r.id} {standing.label(r)}" + (f" {r.speedup:.2f}x [{_fmt(r.ci_low)}, {_fmt(r.ci_high)}]"
+                                                   if r.correct else "")
+                 + (f"; confirmation {c['speedup']:.2f}x" if c and c["speedup"] else (f"; confirmation {c['status']}"
+                                                                                     if c else ""))
                  + " — " + ", ".join(techniques(r.source, r.meta)))
         if r.correct:
-            c = STATUS_COLORS["verified" if r.faster_than(bar) else "correct"]
+            col = LABEL_COLORS.get(standing.label(r), STATUS_COLORS["correct"])
             yy = y(r.speedup)
             if r.ci_low and r.ci_high:
-                out.append(f"<line x1='{x:.1f}' x2='{x:.1f}' y1='{y(r.ci_high):.1f}' y2='{y(r.ci_low):.1f}' stroke='{c}'/>")
-            out.append(f"<circle cx='{x:.1f}' cy='{yy:.1f}' r='4.5' fill='{c}'><title>{tip}</title></circle>")
+                out.append(f"<line x1='{x:.1f}' x2='{x:.1f}' y1='{y(r.ci_high):.1f}' y2='{y(r.ci_low):.1f}' stroke='{col}'/>")
+            out.append(f"<circle cx='{x:.1f}' cy='{yy:.1f}' r='4.5' fill='{col}'><title>{tip}</title></circle>")
+            if c and c["speedup"]:  # the confirmation: a ring at its own number, joined to the search's
+                cy = y(c["speedup"])
+                out.append(f"<line x1='{x:.1f}' x2='{x:.1f}' y1='{yy:.1f}' y2='{cy:.1f}' stroke='#556' "
+                           f"stroke-dasharray='2 2'/><circle class='confirmation' cx='{x:.1f}' cy='{cy:.1f}' r='6' "
+                           f"fill='none' stroke='#187a3a' stroke-width='2'><title>{tip}</title></circle>")
         else:
-            c = STATUS_COLORS.get(r.status or "", "#b3261e")
-            out.append(f"<g stroke='{c}' stroke-width='2'><title>{tip}</title><line x1='{x - 4:.1f}' x2='{x + 4:.1f}' "
+            col = STATUS_COLORS.get(r.status or "", "#b3261e")
+            out.append(f"<g stroke='{col}' stroke-width='2'><title>{tip}</title><line x1='{x - 4:.1f}' x2='{x + 4:.1f}' "
                        f"y1='{by - 4:.1f}' y2='{by + 4:.1f}'/><line x1='{x - 4:.1f}' x2='{x + 4:.1f}' y1='{by + 4:.1f}' "
                        f"y2='{by - 4:.1f}'/></g>")
-    out.append(f"<text x='{(L + width - R) / 2:.0f}' y='{height - 8}' text-anchor='middle' fill='#556'>candidates in "
-               "order of proposal (line: best verified speedup so far; bars: 95% CI)</text></svg>")
+    axis = T + ph + band
+    step = max(1, math.ceil(len(pts) / 25))  # x-axis: candidate ids, at most ~25 labels
+    for i, r in enumerate(pts):
+        if i % step == 0 or i == len(pts) - 1 and (len(pts) - 1) % step >= step / 2:
+            x = xs[r.id]
+            out.append(f"<line x1='{x:.1f}' x2='{x:.1f}' y1='{axis}' y2='{axis + 4}' stroke='#99a'/>"
+                       f"<text class='xlabel' x='{x:.1f}' y='{axis + 16}' text-anchor='middle' fill='#445'>#{r.id}</text>")
+    line = ("best confirmed speedup so far" if standing.confirming else "best verified speedup so far")
+    out.append(f"<text x='{(L + width - R) / 2:.0f}' y='{height - 22}' text-anchor='middle' fill='#334'>candidate, in "
+               "order of proposal</text>"
+               f"<text x='{(L + width - R) / 2:.0f}' y='{height - 6}' text-anchor='middle' fill='#667'>dots: the search's "
+               f"measurement with its 95% CI{'; rings: the confirmation in a fresh worker' if standing.conf else ''}; "
+               f"line: {line}</text></svg>")
     return "".join(out)
 
 
+HARNESS_FUNCTIONS = ("get_inputs", "get_init_inputs")
+
+
+def _comparable_reference(reference: str, source: str) -> tuple[str, list[str]]:
+    """The reference without the task's input functions the candidate does not define (module docstring)."""
+    try:
+        ref_tree, cand_tree = ast.parse(reference), ast.parse(source)
+    except SyntaxError:
+        return reference, []
+    defined = {n.name for n in cand_tree.body if isinstance(n, ast.FunctionDef)}
+    lines, dropped = reference.splitlines(), []
+    for node in sorted(ref_tree.body, key=lambda n: -n.lineno):
+        if isinstance(node, ast.FunctionDef) and node.name in HARNESS_FUNCTIONS and node.name not in defined:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+            del lines[first:node.end_lineno]
+            dropped.append(node.name)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return "\n".join(lines) + "\n", sorted(dropped)
+
+
 def _diff(reference: str, source: str) -> str:
-    lines = list(difflib.unified_diff(reference.splitlines(), source.splitlines(), "reference.py", "best.py",
+    ref, dropped = _comparable_reference(reference, source)
+    lines = list(difflib.unified_diff(ref.splitlines(), source.splitlines(), "reference.py", "best.py",
                                       lineterm="", n=3))
     cls = lambda ln: "add" if ln.startswith("+") and not ln.startswith("+++") else (  # noqa: E731
         "del" if ln.startswith("-") and not ln.startswith("---") else ("hunk" if ln.startswith("@@") else ""))
     body = "\n".join(f"<span class='{cls(ln)}'>{_e(ln)}</span>" for ln in lines)
-    return f"<pre class='diff'>{body or _e('(identical)')}</pre>"
+    note = (f"<p class='muted' id='diff-note'>{_e(' and '.join(dropped))} {'are' if len(dropped) > 1 else 'is'} the "
+            "task's and left out of the reference's side: inputs always come from the task, never from a "
+            "candidate.</p>" if dropped else "")
+    return note + f"<pre class='diff'>{body or _e('(identical)')}</pre>"
+
+
+def _terms(standing: "_Standing", bar: float, control) -> str:
+    ctrl = (f"; here {bar:.3f}x, because the null control (the reference timed against itself) measured a bias"
+            if bar > 1.0 and control else "")
+    rows = [("correct", "passed every correctness trial: outputs within tolerance of the reference's on fresh "
+                        "random inputs"),
+            ("verified (faster)", f"correct, and the lower end of its speedup's 95% confidence interval is above the "
+                                  f"bar ({bar:.3f}x: the --min-speedup{ctrl}), so timing noise cannot explain it"),
+            ("confirmed", "verified, then re-timed in a fresh worker with new inputs, another seed and twice the "
+                          "timing budget, and still verified: the confirmed number is the one reported (headline, "
+                          "leaderboard order, best-so-far line)"),
+            ("verified, unconfirmed", "verified by the search's own measurement but not re-timed (only the leaders "
+                                      "are); ranked after every confirmed candidate"),
+            ("not reproduced", "verified in the search, but the re-timing did not hold up: not a result")]
+    if not standing.confirming:
+        rows = [r for r in rows if r[0] not in ("verified, unconfirmed", "not reproduced")]
+    return ("<h2>What the words mean</h2><dl id='terms'>"
+            + "".join(f"<dt><b>{_e(k)}</b></dt><dd>{_e(v)}</dd>" for k, v in rows) + "</dl>")
 
 
 def render(run: dict) -> str:
@@ -145,48 +263,71 @@ def render(run: dict) -> str:
     biased = control.get("status") == "correct" and (control.get("ci95") or [0])[0] > 1.0
     ctrl = control.get("speedup") if biased else None
     bar = summ.get("bar") or max((run["options"] or {}).get("min_speedup", 1.0), ctrl or 1.0)
+    standing = _Standing(rows, conf, bar, summ)
     done = [r for r in rows if r.state == "done"]
-    correct = sorted((r for r in rows if r.correct), key=lambda r: -r.speedup)
+    correct = [r for r in rows if r.correct]
+    ranked = sorted(rows, key=standing.rank_key)
     if summ:  # a finished (or stopped) run: the loop's own, confirmed choice
         best = next((r for r in rows if r.id == summ.get("best_candidate")), None)
-    else:  # a run in progress: the leader so far
-        best = next((r for r in correct if r.faster_than(bar)), None)
+    else:  # a run in progress: the leader so far, by the same numbers as the leaderboard
+        best = next((r for r in ranked if standing.reported(r) is not None
+                     or standing.label(r) == "verified, unconfirmed"), None)
     status = summ.get("status", "in progress")
     scls = {"improved": "ok", "no_improvement": "warn", "no_correct": "bad"}.get(status, "muted")
-    best_sp = summ.get("best_speedup") or (best.speedup if best else None)
-    ci = summ.get("best_ci95") or ([best.ci_low, best.ci_high] if best else None)
+    if best is not None and standing.held(best):
+        c = standing.held(best)
+        best_sp, ci, how = c["speedup"], [c["ci_low"], c["ci_high"]], "confirmed"
+    elif best is not None:
+        best_sp, ci = best.speedup, [best.ci_low, best.ci_high]
+        how = "unconfirmed" if standing.confirming or not summ else ""
+    else:
+        best_sp, ci, how = None, None, ""
     tokens = summ.get("tokens") or {}
     cards = [("status", f"<span class='{scls}'>{_e(status)}</span>"),
-             ("best speedup", (f"{best_sp:.2f}x" if best_sp else "—")
+             ("best speedup", (f"<span id='headline'>{best_sp:.2f}x</span>" if best_sp else "—")
               + (f"<span class='muted' style='font-size:12px;display:block'>95% CI {_fmt(ci[0])}–{_fmt(ci[1])}"
-                 f"{' (confirmed)' if summ.get('confirmed') else ''}</span>" if ci and ci[0] else "")),
-             ("candidates", len(rows)), ("correct", len(correct)),
-             ("verified faster", sum(r.faster_than(bar) for r in rows)),
-             ("failed", sum(1 for r in done if not r.correct and r.status != "parse_error")),
-             ("parse errors", sum(r.status == "parse_error" for r in rows))]
+                 f"{f' ({how})' if how else ''}</span>" if ci and ci[0] else "")),
+             ("candidates", len(rows) if not summ.get("budget") else f"{len(rows)} / {summ['budget']}"),
+             ("correct", len(correct)),
+             ("verified faster", sum(r.faster_than(bar) for r in rows))]
+    if standing.confirming:
+        cards.append(("confirmed", sum(standing.held(r) is not None for r in rows)))
+    cards += [("failed", sum(1 for r in done if not r.correct and r.status != "parse_error")),
+              ("parse errors", sum(r.status == "parse_error" for r in rows))]
     if control.get("speedup"):
         cards.append(("null control", f"{control['speedup']:.3f}x<span class='muted' style='font-size:12px;display:block'>"
                       "reference vs itself</span>"))
     if tokens.get("prompt") or tokens.get("completion"):
         cards.append(("tokens", f"{tokens.get('prompt', 0) + tokens.get('completion', 0):,}"))
     opts = run["options"] or {}
+    spans = run.get("invocations") or []
+    total = summ.get("wall_s_total") or (sum(b - a for a, b in spans) if spans else summ.get("wall_s"))
+    n_inv = summ.get("invocations") or len(spans) or 1
+    when = (f" · {total:.0f} s" + (f" over {n_inv} invocations" if n_inv > 1 else "")) if total else ""
+    stopped = summ.get("stopped")
     h = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
          f"<title>kernelcraft report — {_e(run['task'])}</title><style>{_CSS}</style></head><body>",
          f"<h1>kernelcraft optimize — {_e(run['task'])}</h1>",
-         f"<div class='sub'>{_e(run['device'])} · policy <b>{_e(opts.get('policy', '?'))}</b>"
-         + (f" · stopped: {_e(summ.get('stopped'))}" if summ.get("stopped") else "")
-         + (f" · {summ.get('wall_s', 0):.0f} s" if summ.get("wall_s") else "") + "</div>",
+         f"<div class='sub' id='header'>{_e(run['device'])} · policy <b>{_e(opts.get('policy', '?'))}</b>"
+         + (f" · stopped: <span title='{_e(summ.get('stopped_detail', ''))}'>{_e(stopped)}</span>" if stopped else "")
+         + _e(when) + "</div>",
+         (f"<p class='muted' id='stopped'>Stopped ({_e(stopped)}): {_e(summ['stopped_detail'])}.</p>"
+          if summ.get("stopped_detail") else ""),
          "<div class='cards' id='summary'>" + "".join(f"<div class='card'>{_e(k)}<b>{v}</b></div>" for k, v in cards)
-         + "</div>", "<h2>Speedup over candidates</h2>", f"<div id='plot'>{_plot(rows, bar)}</div>"]
-    h.append("<h2>Leaderboard</h2><table id='leaderboard'><tr><th>#</th><th>id</th><th>round</th><th>status</th>"
-             "<th>speedup</th><th>95% CI</th><th>confirmed</th><th>techniques</th><th>policy</th><th>parents</th></tr>")
-    ranked = correct + [r for r in rows if not r.correct]
+         + "</div>", "<h2>Speedup over candidates</h2>", f"<div id='plot'>{_plot(rows, standing)}</div>"]
+    h.append("<h2>Leaderboard</h2>"
+             + ("<p class='muted'>Ranked by the confirmed speedup; candidates verified only by the search's own "
+                "measurement come after, marked unconfirmed.</p>" if standing.confirming else "")
+             + "<table id='leaderboard'><tr><th>#</th><th>id</th><th>round</th><th>status</th>"
+             "<th>speedup (search)</th><th>95% CI</th><th>confirmed</th><th>techniques</th><th>policy</th>"
+             "<th>parents</th></tr>")
     for i, r in enumerate(ranked, 1):
         c = conf.get(r.id)
-        st = ("verified" if r.faster_than(bar) else r.status) or r.state
-        color = STATUS_COLORS.get("verified" if r.faster_than(bar) else (r.status or ""), "#556")
+        st = standing.label(r)
+        color = LABEL_COLORS.get(st) or STATUS_COLORS.get(r.status or "", "#556")
         reasons = f" <span class='muted'>({_e(', '.join(r.reasons))})</span>" if r.reasons else ""
-        h.append(f"<tr><td class='num'>{i if r.correct else ''}</td><td class='num'>{r.id}</td><td class='num'>{r.round}</td>"
+        h.append(f"<tr data-id='{r.id}'><td class='num'>{i if r.correct else ''}</td><td class='num'>{r.id}</td>"
+                 f"<td class='num'>{r.round}</td>"
                  f"<td style='color:{color}'>{_e(st)}{reasons}</td><td class='num'>{_fmt(r.speedup)}{'x' if r.speedup else ''}</td>"
                  f"<td class='num'>{_fmt(r.ci_low)}–{_fmt(r.ci_high)}</td>"
                  f"<td class='num'>{(_fmt(c['speedup']) + 'x') if c and c['speedup'] else (_e(c['status']) if c else '')}</td>"
@@ -195,12 +336,13 @@ def render(run: dict) -> str:
     h.append("</table>")
     h.append("<h2>Best candidate</h2>")
     if best is not None:
-        h.append(f"<p id='best'>Candidate <b>#{best.id}</b> — {best_sp:.2f}x. Techniques: "
+        h.append(f"<p id='best'>Candidate <b>#{best.id}</b> — {best_sp:.2f}x{f' ({how})' if how else ''}. Techniques: "
                  + "".join(f"<span class='tag'>{_e(t)}</span>" for t in techniques(best.source, best.meta)) + "</p>")
         h.append("<h3>Diff against the reference</h3>" + _diff(run["reference"], best.source))
     else:
         h.append("<p id='best' class='warn'>No candidate was verified faster than the reference: no best.py was "
                  "written (the reference is never passed off as an optimisation).</p>")
+    h.append(_terms(standing, bar, biased))
     h.append(_technique_table(correct))
     fails = [r for r in done if not r.correct][-8:]
     if fails:

@@ -15,6 +15,9 @@ Design decisions
 - Confirmation re-timings of the leaders live in their own table: a candidate keeps the verdict that
   ranked it, and the confirmation is the number that gets reported.
 - One connection shared by the loop's threads behind a lock (SQLite serialises writers anyway).
+- How long a run took over all its invocations is read back from what is stored (`invocations`): each
+  `start` event opens one, and it lasted until the last thing it wrote — so a killed invocation counts
+  up to its last verdict without having written anything on the way out.
 """
 from __future__ import annotations
 
@@ -173,6 +176,22 @@ class RunDB:
             rows = self.conn.execute("SELECT at, kind, data FROM events" + (" WHERE kind = ?" if kind else "")
                                      + " ORDER BY id", (kind,) if kind else ()).fetchall()
         return [{"at": r[0], "kind": r[1], **json.loads(r[2])} for r in rows]
+
+    def invocations(self) -> list[tuple[float, float]]:
+        """(start, end) of every invocation of the run (`optimize` logs a `start` event for each); the end is
+        the last timestamp written before the next start: events, candidates, confirmations."""
+        with self._lock:
+            starts = [r[0] for r in self.conn.execute("SELECT at FROM events WHERE kind = 'start' ORDER BY id")]
+            stamps = [r[0] for r in self.conn.execute(
+                "SELECT at FROM events UNION ALL SELECT created_at FROM candidates UNION ALL "
+                "SELECT started_at FROM candidates WHERE started_at IS NOT NULL UNION ALL "
+                "SELECT finished_at FROM candidates WHERE finished_at IS NOT NULL UNION ALL "
+                "SELECT created_at FROM confirmations")]
+        spans = []
+        for i, t0 in enumerate(starts):
+            t1 = starts[i + 1] if i + 1 < len(starts) else float("inf")
+            spans.append((t0, max([t for t in stamps if t0 <= t < t1], default=t0)))
+        return spans
 
     # -- candidates ------------------------------------------------------------------------------
     def add_candidate(self, source: str, *, policy: str, round: int, parents=(), meta=None, prompt=None,

@@ -253,6 +253,26 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def sandbox_hint(desc: dict) -> str:
+    """What to do to get the bubblewrap sandbox when `auto` fell back to rlimits (empty when workers have it, or
+    when rlimits or off was asked for)."""
+    if desc.get("effective") != "rlimits" or desc.get("mode") != "auto":
+        return ""
+    import shutil
+
+    what = ("bubblewrap gives each worker no network, a read-only filesystem except its work directory and the "
+            "build cache, and its own PID namespace")
+    if shutil.which("bwrap"):
+        how = ("bwrap is installed but cannot create namespaces here: allow unprivileged user namespaces "
+               "(sysctl kernel.unprivileged_userns_clone=1, or kernel.apparmor_restrict_unprivileged_userns=0 on "
+               "Ubuntu 24.04; in a container, a seccomp profile that permits them)")
+    else:
+        how = ("install bubblewrap (apt install bubblewrap, dnf install bubblewrap, or your distribution's "
+               "'bubblewrap' package: it provides bwrap)")
+    return (f"workers are not sandboxed beyond rlimits: {what}; to get it, {how}, then restart (with --sandbox "
+            "bwrap the service refuses to start without it). See kernelcraft/judge/sandbox.py for what it does and does not protect.")
+
+
 def serve(*, host: str = "127.0.0.1", port: int = 8000, devices=None, per_device: int | None = None,
           build_workers: int | None = None, cluster: str | None = None, cache_dir=None,
           max_body_bytes: int = DEFAULT_MAX_BODY, max_batch: int = DEFAULT_MAX_BATCH, sandbox: str | None = None,
@@ -284,6 +304,9 @@ def serve(*, host: str = "127.0.0.1", port: int = 8000, devices=None, per_device
     print(f"kernelcraft serve: http://{host}:{port}  timing slots {pool.devices}, build slots "
           f"{pool.build_workers}, sandbox {desc['effective']} (network {desc['network']}, writes "
           f"{desc['writes']}){'' if key else '  [NO AUTH]'}", flush=True)
+    hint = sandbox_hint(desc)
+    if hint:
+        print(f"kernelcraft serve: {hint}", flush=True)
     t0 = time.monotonic()
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30)

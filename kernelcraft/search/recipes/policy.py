@@ -139,6 +139,24 @@ class RecipesPolicy:
             return tunetemplates.candidate_source(ctx.task.source, match, config, note=origin)
         return render.render(ctx.task.source, sorted(recipe), a, output_dtypes=a.features.get("output_dtypes"))
 
+    def exhausted(self, ctx: Context) -> str:
+        """Why `propose` returned nothing: which recipes apply here, and what would add more."""
+        usable = self.tokens(ctx)
+        banned = sorted(frozenset(r.meta["recipe"]) for r in ctx.history if (r.meta or {}).get("recipe") is not None
+                        and len(r.meta["recipe"]) == 1 and r.state == "done" and not r.correct
+                        and not _unreproduced(r))
+        tried = sum(1 for r in ctx.history if (r.meta or {}).get("recipe") is not None)
+        more = []
+        if ctx.device.kind != "cuda":
+            more.append("CUDA graphs, Triton and the GPU compile modes need a GPU")
+        if not ctx.allow_precision_change:
+            more.append("--allow-precision-change adds bf16")
+        more.append("an LLM policy (--policy openai:MODEL) writes new code")
+        return (f"the recipes policy tried every valid combination ({tried}) of the {len(usable)} recipe(s) that "
+                f"apply to this task on {ctx.device.kind}: {', '.join(usable) or 'none'}"
+                + (f" (failed alone, so left out: {', '.join(t for b in banned for t in b)})" if banned else "")
+                + "; " + "; ".join(more))
+
     # -- the search --------------------------------------------------------------------------------
     def propose(self, ctx: Context) -> list[Proposal]:
         if ctx.mode == "strict":
