@@ -242,6 +242,7 @@ CHEATS = {
     "10 precision": ("cpu", {"value_mismatch"}),
     "11 reference call": ("cpu", {"reference_call", "no_custom_kernel"}),
     "12 suspicious speedup": ("cpu", {"suspicious_speedup"}),
+    "13 precision hidden from fixed tolerances (issue 16)": ("cpu", {"precision_downgrade"}),
 }
 
 
