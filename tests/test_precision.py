@@ -319,7 +319,10 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
 def _peak_bytes(log2n: int) -> int:
     p = subprocess.run([sys.executable, "-c", _PEAK, str(log2n)], capture_output=True, text=True, timeout=300,
                        env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent),
-                            "PATH": "/usr/bin:/bin"})
+                            "PATH": "/usr/bin:/bin",
+                            # every chunk mmapped and returned when freed: the peak is the live memory, not
+                            # glibc's heap fragmentation (which varies with the host's load)
+                            "MALLOC_MMAP_THRESHOLD_": "65536"})
     assert p.returncode == 0, p.stderr
     return int(p.stdout.strip().splitlines()[-1])
 
@@ -331,5 +334,5 @@ def test_comparison_peak_memory_does_not_grow_with_the_output():
     so a 4 GiB output could not be judged on an 80 GB GPU."""
     small, big = _peak_bytes(23), _peak_bytes(25)
     out_small, out_big = 4 << 23, 4 << 25
-    assert big - small < 0.5 * (out_big - out_small), (small, big)
-    assert big < 2 * out_big, big
+    assert big - small < 0.1 * (out_big - out_small), (small, big)
+    assert big < out_big, big
