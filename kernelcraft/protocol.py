@@ -52,6 +52,14 @@ class Protocol(BaseModel):
     atol: float | None = Field(None, ge=0, description="absolute tolerance (default per output dtype)")
     rtol: float | None = Field(None, ge=0, description="relative tolerance (default per output dtype)")
     seed: int = Field(42, description="seed of inputs and weights; re-measurements derive their own")
+    precision: Literal["calibrated", "fixed"] = Field(
+        "calibrated", description="calibrated: the candidate's error vs a float64 evaluation of the reference must "
+        "be within precision_factor x the reference's own (judge/precision.py); fixed: atol/rtol only "
+        "(KernelBench-style)")
+    precision_factor: float = Field(6.0, ge=1, le=1e6, description="calibrated rule: how many times the "
+                                    "reference's own RMS error vs float64 a candidate's may be")
+    partial_trials: int = Field(2, ge=0, le=10, description="extra trials whose inputs differ from the previous "
+                                "trial's in a few elements only, at the same addresses (partial-key caches)")
     timing: bool = Field(True, description="time the candidate after it passes (False: correctness only)")
     module_mode: Literal["train", "eval"] = Field("train", description="the models' module mode for checking and "
                                                   "timing, set by model.train()/eval() after construction "

@@ -35,6 +35,9 @@ REASONS = {
     "dtype_mismatch": "an output has the wrong dtype",
     "device_mismatch": "* an output is on the wrong device",
     "value_mismatch": "outputs differ beyond tolerance",
+    "precision_downgrade": "* within the fixed tolerance, but less accurate against a float64 evaluation of the "
+                           "reference than precision_factor x the reference's own error (fp16/bf16/TF32 work the "
+                           "reference does not do)",
     "nan_or_inf": "NaN or Inf where the reference has none",
     "non_tensor_output": "an output is not a plain torch.Tensor",
     "lazy_output": "an output is a tensor subclass or has no real storage",
@@ -66,6 +69,21 @@ class Correctness(BaseModel):
     max_rel_err: float | None = None
     atol: float | None = None
     rtol: float | None = None
+    rule: str | None = Field(None, description="what judged the values: 'calibrated' (against a float64 evaluation "
+                             "of the reference, judge/precision.py), 'fixed' (atol/rtol) or 'exact' (integer/bool)")
+    rule_note: str | None = Field(None, description="why an output fell back to the fixed rule, if one did")
+    precision_factor: float | None = None
+    err_ratio: float | None = Field(None, description="calibrated: share of the allowed error the candidate used "
+                                    "(worst output; <= 1 passes)")
+    ref_err: float | None = Field(None, description="calibrated: the reference's RMS error vs float64, relative to "
+                                  "the output's RMS")
+    cand_err: float | None = Field(None, description="calibrated: the candidate's RMS error vs float64, relative")
+    ref_max_err: float | None = None
+    cand_max_err: float | None = None
+    partial_trials: int | None = Field(None, description="trials on the previous inputs with a few elements changed "
+                                       "(same addresses) that passed")
+    partial_skipped: int | None = Field(None, description="partial trials skipped: the reference failed on the "
+                                        "mixed inputs")
 
 
 class Timing(BaseModel):

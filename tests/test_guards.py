@@ -248,6 +248,7 @@ CHEATS = {
     "12 suspicious speedup": ("cpu", {"suspicious_speedup"}),
     "13 weights ignored (issue 16)": ("cpu", {"weights_ignored"}),
     "14 module mode changed (issue 16)": ("cpu", {"mode_changed"}),
+    "15 precision hidden from fixed tolerances (issue 16)": ("cpu", {"precision_downgrade"}),
 }
 
 

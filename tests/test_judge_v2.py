@@ -216,7 +216,7 @@ def test_inputs_are_fresh_and_secret_every_evaluation(tmp_path):
         "        return self.alpha * a + b\n")
     for _ in range(2):
         v = evaluate(FIXTURES / "tasks" / "tiny_elementwise.py", cand, device="cpu", timing=False, screen=False,
-                     cache_dir=tmp_path / "cache")
+                     partial_trials=0, cache_dir=tmp_path / "cache")  # partial trials repeat most values on purpose
         assert v.status == "correct", v.message
     lines = out.read_text().split("\n")
     weights = {ln for ln in lines if ln.startswith("w ")}

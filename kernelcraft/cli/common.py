@@ -142,6 +142,11 @@ PROTOCOL_OPTIONS = {
         "(None: never)", "(0: never; default 3)"))),
     "target_ci": ("target_ci", Optional[float], typer.Option(None, help=_help("target_ci") + " (default 0.01)")),
     "min_rounds": ("min_rounds", Optional[int], typer.Option(None, min=1, help=_help("min_rounds") + " (default 10)")),
+    "precision": ("precision", Optional[str], typer.Option(None, help=_help("precision") + " (default calibrated)")),
+    "precision_factor": ("precision_factor", Optional[float], typer.Option(None, help=_help("precision_factor")
+                                                                           + " (default 6)")),
+    "partial_trials": ("partial_trials", Optional[int], typer.Option(None, min=0, help=_help("partial_trials")
+                                                                     + " (default 2)")),
 }
 _FLAGS = {field: "--" + param.replace("_", "-") for param, (field, _, opt) in PROTOCOL_OPTIONS.items()
           if not opt.hidden}

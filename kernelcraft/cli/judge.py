@@ -24,6 +24,11 @@ def _verdict_panel(v) -> None:
         c = v.correctness
         out.print(f"correctness: {c.passed}/{c.trials} trials, max abs err {c.max_abs_err:.3g}, "
                   f"max rel err {c.max_rel_err:.3g} (atol {c.atol}, rtol {c.rtol})")
+        if c.rule == "calibrated" and c.err_ratio is not None:
+            out.print(f"precision: calibrated against float64, error {c.cand_err:.3g} vs the reference's "
+                      f"{c.ref_err:.3g} (used {c.err_ratio:.2f} of the allowed {c.precision_factor:g}x)")
+        if c.rule_note:
+            out.print(f"precision: {c.rule_note}")
     if v.timing:
         t = v.timing
         out.print(f"timing: reference {t.ref_ms:.4f} ms, candidate {t.cand_ms:.4f} ms, "

@@ -167,7 +167,8 @@ HARNESS_MODULES = ("kernelcraft.judge.timing", "kernelcraft.judge.compare", "ker
                    "kernelcraft.judge.tripwires", "kernelcraft.judge.kerneltrace", "kernelcraft.judge.procs",
                    "kernelcraft.builder.cache", "kernelcraft.judge.worker", "kernelcraft.judge.side",
                    "kernelcraft.judge.wire", "kernelcraft.judge.arena", "kernelcraft.judge.isolation",
-                   "kernelcraft.judge.sideproc", "kernelcraft.judge.weights",
+                   "kernelcraft.judge.sideproc", "kernelcraft.judge.weights", "kernelcraft.judge.precision",
+                   "kernelcraft.judge.partial", "kernelcraft.judge.jobs", "kernelcraft.judge.forker",
                    "__main__", "json", "json.encoder")
 
 

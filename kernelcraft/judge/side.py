@@ -305,6 +305,21 @@ class Side:
     def cmd_load_state(self, msg: dict, fds) -> dict:
         return weights.load_state(self, msg, fds)
 
+    def cmd_fp64(self, msg: dict, fds) -> dict:
+        """Calibrated precision: the reference's float64 evaluation of the current inputs (`fp64`), written into
+        the judge's float64 arena (mapped by the first call, dropped by `release`). Reference only; a failure is a
+        note for the judge (it falls back to the fixed rule), never the task's error."""
+        if self.role != "reference":
+            raise Reject("runtime_error", ["harness_error"], "only the reference's side evaluates in float64")
+        if "arena" in msg:
+            self.truth = arena.attach(msg["arena"], fds)
+        if msg.get("release"):
+            self.truth = None
+            return {"type": "ok"}
+        from kernelcraft.judge import fp64  # the reference's side only: never loaded with candidate code
+
+        return {"type": "ok", **fp64.evaluate(self.model, self._args(), self.truth, self.device)}
+
     def cmd_null(self, msg: dict, fds) -> dict:
         """The empty round trip the judge subtracts: a call without forward. After a first `run` it delivers the
         last output again (structure checks, arena copy, sync: `_deliver`), so output size costs nothing

@@ -1,0 +1,113 @@
+"""The reference's float64 evaluation: ground truth for the calibrated precision rule (`precision`).
+
+Runs in the *reference's* side process (`side.Side.cmd_fp64`), never in the judge (which runs no task code
+beyond `get_inputs`/`get_init_inputs`) and never in the candidate's process.
+
+Design decisions
+- A fresh deep copy of the reference model, cast to float64 (`Module.to(torch.float64)`: floating
+  parameters and buffers), is run on float64 copies of the current inputs (other tensors cloned), under
+  `torch.no_grad()`, float64 as the default dtype (tensors the forward creates follow) and a forked RNG (the
+  reference's own random stream is left as it was). The copy is made per call and freed after it (with the
+  caching allocator's blocks): nothing of it stays resident while the candidate runs or is timed, and the
+  copy starts from the reference's state before this trial's own call (the judge asks for it first).
+- Truth must really be float64. A dispatch mode watches every aten op of the float64 call: an op that
+  yields a floating tensor of lower precision (an explicit `.float()`, a `dtype=torch.float32` constructor,
+  a custom kernel that only knows fp32) means the "float64" result is not ground truth, and the call
+  reports float64 as unavailable instead of returning it. So does any exception (a model that cannot be
+  copied or cast, an op without a float64 kernel, an out-of-memory): the judge then uses the fixed rule
+  and says why. This function never raises: a failure here is never the task's or the candidate's.
+- Outputs are written into the judge's float64 arena (views given by the judge; None where the judge wants
+  no truth: integer, bool, float64 or complex outputs).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+
+import torch
+
+_LOWER = (torch.float32, torch.float16, torch.bfloat16, torch.complex64)
+
+
+def _watcher():
+    """A TorchDispatchMode that records the first op whose floating output is below float64 (None if the
+    private API is missing: then nothing is watched)."""
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+    except Exception:  # noqa: BLE001
+        return None
+
+    class Float64Only(TorchDispatchMode):
+        lower: str | None = None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if self.lower is None:
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.dtype in _LOWER:
+                        self.lower = f"{func} yields {str(t.dtype).removeprefix('torch.')}"
+                        break
+            return out
+
+    return Float64Only()
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def _widen(x):
+    if not isinstance(x, torch.Tensor):
+        return x
+    return x.detach().to(torch.float64) if (x.is_floating_point() and x.dtype != torch.float64) else x.detach().clone()
+
+
+def evaluate(model, args: list, outs: list, device: torch.device) -> dict:
+    """Run a float64 copy of `model` on `args`; copy its outputs into `outs` (float64 views, None where none is
+    wanted). Returns {"available": [bool per output], "note": str}; never raises."""
+    n = len(outs)
+    none = {"available": [False] * n}
+    if not isinstance(model, torch.nn.Module):
+        return {**none, "note": "the reference is not an nn.Module (cannot be cast to float64)"}
+    model64 = args64 = out = None
+    watch = _watcher()
+    try:
+        model64 = copy.deepcopy(model).to(torch.float64)
+        args64 = [_widen(a) for a in args]
+        devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+            if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), _default_dtype(torch.float64), \
+                (watch if watch is not None else contextlib.nullcontext()):
+            out = model64(*args64)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if watch is not None and watch.lower:
+            return {**none, "note": f"the reference computes below float64 when cast ({watch.lower})"}
+        items = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else None
+        if items is None or len(items) != n:
+            return {**none, "note": "the float64 reference returned another structure"}
+        available = []
+        for buf, o in zip(outs, items):
+            ok = (buf is not None and isinstance(o, torch.Tensor) and o.dtype == torch.float64
+                  and tuple(o.shape) == tuple(buf.shape))
+            if ok:
+                buf.copy_(o)
+            available.append(ok)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return {"available": available, "note": ""}
+    except BaseException as e:  # noqa: BLE001 - never the task's failure: the judge falls back to the fixed rule
+        return {**none, "note": f"the float64 reference failed: {type(e).__name__}: {str(e)[:300]}"}
+    finally:
+        del model64, args64, out
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()

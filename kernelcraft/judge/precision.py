@@ -1,0 +1,302 @@
+"""Precision judged against ground truth: the calibrated rule (issue 16), the judge's end.
+
+Design decisions
+- Ground truth is the reference itself evaluated in float64 on the same inputs, in the reference's side
+  process (`fp64`, side command `fp64`; the judge runs no task code), written into a float64 arena the judge
+  owns (on the device, else in host memory). It runs on correctness trials only, never in timed rounds.
+- The rule, per floating output, over the errors against truth t of the reference r and the candidate c,
+  pooled over every trial (finite elements only; scale = RMS(t)):
+
+      RMS(c - t) <= F * RMS(r - t) + floor      and      max(|c - t| - 16u|t|) <= 2F * max|r - t| + floor
+      floor = 16 * u(dtype) * scale             (u: unit roundoff, 2^-24 for float32)
+
+  F (`Protocol.precision_factor`, default 6) is widened by sqrt(64 / n) when fewer than 64 elements were
+  pooled (an RMS of a handful of errors is itself noisy). Why these numbers (measured on CPU, emulating TF32
+  and bf16 by rounding mantissas; tests/test_precision.py keeps the cases): honest fp32 variants of a
+  reference — another summation order, channels-last or im2col convolution, two-pass LayerNorm, erf-GELU,
+  chunked sums — sit at 0.2-4.4x the reference's RMS error (a naive sequential K=4096 dot product against a
+  blocked GEMM is the worst, 4.4x RMS / 7.9x max); fp16 or TF32 in an fp32 task is 500-3000x, bf16 8000x+,
+  also after a softmax that hides it from fixed tolerances; a TF32 reference (cuDNN's default for fp32
+  convolutions) against another TF32 algorithm 1.0x, against a true-fp32 one 0.0x, against bf16 8x. So F = 6
+  accepts every honest variant and rejects lower precision than the reference uses, bf16 under a TF32
+  reference included; fp16 under a TF32 reference is the reference's own precision (same 10-bit mantissa) and
+  is accepted by design. The RMS is the norm-wise test (a precision loss everywhere, also where a softmax
+  squashes it); the max bounds a local error (a few wrong elements hide in an RMS). The floor is a few ulps of
+  the output's scale, and the max also forgives 16 ulps of each element itself: a reference that is exact (a
+  copy, a ReLU, an exp whose largest value happens to round well) still lets a candidate round differently.
+- Verdicts. A trial whose output misses the fixed tolerance (`compare`) *and* the calibrated bound fails at
+  once as `value_mismatch` (stale answers are named there, as before). Missing the fixed tolerance alone is
+  forgiven (a TF32 reference's honest neighbour, the cudnn.benchmark algorithm change). After the trials a
+  pooled bound that is not met is `precision_downgrade` (or `value_mismatch` if the fixed tolerance was
+  missed too): the answer is close, but less accurate than F times the reference's own error.
+- Where ground truth cannot be had the output is judged by the fixed rule, and the record says so
+  (`rule_note`): integer/bool outputs (exact, both rules), float64 or complex outputs (nothing higher), a
+  reference that cannot be cast or computes below float64 when cast, a float64 run that fails or finds no
+  memory, and a reference whose error against its float64 self exceeds 1e-2 of the output's RMS (at least
+  64 ulps): a nondeterministic reference (dropout, random draws in forward) or one too ill-conditioned for
+  its own precision. There, calibrating would accept anything, and the fixed rule keeps today's verdicts.
+- Timed rounds have no truth: their spot checks use a tolerance derived from the trials (4x the calibrated
+  bound's worst case for |c - r|, never below the fixed one), so the honest output accepted in the trials
+  is accepted in timing, and a stale one is still wrong by far more.
+- Memory: every pass is chunked (`compare.chunks`) and retried cheaper on an out-of-memory of the judge's own.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from kernelcraft.judge.arena import Arena, TensorSpec
+from kernelcraft.judge.compare import (Comparison, as_tensor_list, chunks, compare_outputs, default_tolerance,
+                                       is_oom, with_retries)
+
+FLOOR_ULPS = 16
+MAX_FACTOR = 2.0  # the max-error bound is MAX_FACTOR x F
+SMALL_N = 64
+CAP = 1e-2  # the reference's own relative RMS error beyond which it cannot calibrate anything
+TIMED_MARGIN = 4.0
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps / 2
+
+
+@dataclass
+class Output:
+    """One output's rule and pooled error sums."""
+    spec: TensorSpec | None
+    mode: str  # "calibrated", "fixed", "exact" or "value" (a non-tensor output)
+    note: str = ""
+    n: int = 0
+    sq_t: float = 0.0
+    sq_r: float = 0.0
+    sq_c: float = 0.0
+    max_r: float = 0.0
+    max_c: float = 0.0
+    fixed_missed: int = 0
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def scale(self) -> float:
+        return math.sqrt(self.sq_t / self.n) if self.n else 0.0
+
+    def errors(self) -> dict:
+        rms = lambda s: math.sqrt(s / self.n) if self.n else 0.0  # noqa: E731
+        return dict(rms_r=rms(self.sq_r), rms_c=rms(self.sq_c), max_r=self.max_r, max_c=self.max_c)
+
+    def bounds(self, factor: float) -> tuple[float, float, float]:
+        """(F used, RMS bound, max bound), absolute."""
+        f = factor * max(1.0, math.sqrt(SMALL_N / max(self.n, 1)))
+        floor = FLOOR_ULPS * unit_roundoff(self.dtype) * max(self.scale, torch.finfo(self.dtype).tiny)
+        e = self.errors()
+        return f, f * e["rms_r"] + floor, MAX_FACTOR * f * e["max_r"] + floor
+
+    def usage(self, factor: float) -> float:
+        """How much of the bound the candidate used (<= 1 passes)."""
+        _, b_rms, b_max = self.bounds(factor)
+        e = self.errors()
+        ratio = lambda err, bound: err / bound if bound > 0 else (math.inf if err > 0 else 0.0)  # noqa: E731
+        return max(ratio(e["rms_c"], b_rms), ratio(e["max_c"], b_max))
+
+    def passes(self, factor: float) -> bool:
+        return self.usage(factor) <= 1.0
+
+    def uncalibratable(self) -> bool:
+        e = self.errors()
+        return self.n > 0 and e["rms_r"] > max(CAP, 64 * unit_roundoff(self.dtype)) * max(self.scale, 1e-30)
+
+    def describe(self, factor: float, where: str) -> str:
+        f, b_rms, b_max = self.bounds(factor)
+        e, s = self.errors(), max(self.scale, 1e-30)
+        return (f"{where}error vs the float64 reference {e['rms_c'] / s:.3g} RMS, {e['max_c'] / s:.3g} max beyond "
+                f"{FLOOR_ULPS} ulps (relative "
+                f"to the output's RMS {self.scale:.3g}); the reference's own fp32 error {e['rms_r'] / s:.3g} RMS, "
+                f"{e['max_r'] / s:.3g} max; allowed {b_rms / s:.3g} RMS, {b_max / s:.3g} max ({f:.3g}x the "
+                f"reference's error + a {FLOOR_ULPS}-ulp floor): less precise than the reference computes")
+
+
+@dataclass
+class Rule:
+    """The judge's end of the precision rule for one evaluation (see the module docstring)."""
+    protocol: dict
+    out_specs: list
+    device: torch.device
+    reference: object  # judge.sideproc.SideProc of the reference (request(msg, fds, phase=...))
+    outputs: list[Output] = field(default_factory=list)
+    arena: Arena | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.kind = self.protocol.get("precision", "calibrated")
+        self.factor = float(self.protocol.get("precision_factor", 6.0))
+        for spec in self.out_specs:
+            if spec is None:
+                self.outputs.append(Output(None, "value"))
+                continue
+            dt = spec.torch_dtype
+            if not (dt.is_floating_point or dt.is_complex):
+                mode = "exact"
+            elif self.kind == "calibrated" and dt in _FLOATS:
+                mode = "calibrated"
+            else:
+                mode = "fixed"
+            self.outputs.append(Output(spec, mode, dtype=dt if dt in _FLOATS else torch.float32))
+        if self.kind == "calibrated" and any(o.mode == "fixed" for o in self.outputs):
+            self._note("float64/complex outputs: judged by the fixed rule (no higher precision to compare with)")
+
+    # -- ground truth -----------------------------------------------------------------------------------------
+    @property
+    def calibrating(self) -> bool:
+        return any(o.mode == "calibrated" for o in self.outputs)
+
+    def _note(self, text: str) -> None:
+        if text and text not in self.notes:
+            self.notes.append(text)
+
+    def _fallback(self, outs: list[Output], note: str) -> None:
+        for o in outs:
+            if o.mode == "calibrated":
+                o.mode, o.note = "fixed", note
+        self._note(note + ": judged by the fixed rule")
+
+    def truth(self, sticky: bool = True) -> list | None:
+        """The reference's float64 outputs for the inputs now in the arenas (views of the judge's arena, None
+        where there is none), or None when nothing is calibrated. Asked before either side runs the trial.
+        `sticky`: an output without float64 this time is judged by the fixed rule from now on (not for a
+        partial trial's mixed inputs, which the reference may not take)."""
+        if not self.calibrating:
+            return None
+        msg, fds = {"cmd": "fp64"}, []
+        if self.arena is None:
+            specs = [TensorSpec(o.spec.shape, _contiguous(o.spec.shape), "float64") if o.mode == "calibrated"
+                     else None for o in self.outputs]
+            for dev in ([self.device, torch.device("cpu")] if self.device.type != "cpu" else [self.device]):
+                try:
+                    self.arena = Arena(specs, dev)
+                    break
+                except Exception as e:  # noqa: BLE001 - the judge's memory, never the candidate's fault
+                    if not (is_oom(e) or isinstance(e, OSError)):
+                        raise
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+            if self.arena is None:
+                self._fallback(self.outputs, "no memory for the float64 reference's outputs")
+                return None
+            desc, fds = self.arena.handle()
+            msg["arena"] = desc
+        self.arena.base.fill_(255)  # NaN: a float64 value never written is never taken for truth
+        got = self.reference.request(msg, fds, phase="check")
+        avail = got.get("available") or [False] * len(self.outputs)
+        lost = [o for o, ok in zip(self.outputs, avail) if o.mode == "calibrated" and not ok]
+        if lost and sticky:
+            self._fallback(lost, str(got.get("note") or "no float64 value for this output")[:300])
+        return [t if (o.mode == "calibrated" and ok) else None
+                for t, o, ok in zip(self.arena.tensors, self.outputs, avail)]
+
+    def release(self) -> None:
+        """After the correctness trials: the reference's side and the judge drop the float64 arena."""
+        if self.arena is not None:
+            self.reference.request({"cmd": "fp64", "release": True}, phase="check")
+            self.arena = None
+
+    # -- judging ----------------------------------------------------------------------------------------------
+    def trial(self, ref_out, cand_out, truth: list | None, cmp: Comparison, atol, rtol) -> Comparison:
+        """The trial's verdict under the rule, given the fixed comparison `cmp` of the same outputs."""
+        if self.kind == "fixed" or (not cmp.ok and cmp.reasons != ["value_mismatch"]):
+            return cmp
+        refs, cands = as_tensor_list(ref_out), as_tensor_list(cand_out)
+        out = Comparison(max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err, atol=cmp.atol, rtol=cmp.rtol)
+        for i, (o, r, c) in enumerate(zip(self.outputs, refs, cands)):
+            where = f"output {i}: " if len(refs) > 1 else ""
+            if o.mode == "value":
+                if not cmp.ok and r != c:
+                    return out.fail("value_mismatch", f"{where}expected {r!r}, got {c!r}")
+                continue
+            fixed = cmp if cmp.ok else compare_outputs(r, c, atol, rtol)
+            have = truth is not None and truth[i] is not None
+            if o.mode == "calibrated" and have:
+                self._pool(o, r, c, truth[i])
+                if o.uncalibratable():
+                    e = o.errors()
+                    self._fallback([o], f"{where}the reference differs from its float64 self by "
+                                        f"{e['rms_r'] / max(o.scale, 1e-30):.2g} of the output's RMS "
+                                        "(nondeterministic or ill-conditioned reference)")
+            if fixed.ok:
+                continue
+            if o.mode == "calibrated" and have:
+                o.fixed_missed += 1
+                if o.passes(self.factor):
+                    continue  # beyond the fixed tolerance, within the reference's own precision
+                return out.fail("value_mismatch", where + fixed.message + "; " + o.describe(self.factor, ""))
+            return out.fail(fixed.reasons[0], where + fixed.message)
+        return out
+
+    def final(self) -> Comparison:
+        """After every trial: the pooled calibrated bound of each output."""
+        res = Comparison()
+        for i, o in enumerate(self.outputs):
+            if o.mode == "calibrated" and o.n and not o.passes(self.factor):
+                where = f"output {i}: " if len(self.outputs) > 1 else ""
+                return res.fail("value_mismatch" if o.fixed_missed else "precision_downgrade",
+                                o.describe(self.factor, where))
+        return res
+
+    def _pool(self, o: Output, r: torch.Tensor, c: torch.Tensor, t: torch.Tensor) -> None:
+        slack = FLOOR_ULPS * unit_roundoff(o.dtype)
+
+        def run(chunk, dev):
+            n, sq_t, sq_r, sq_c, max_r, max_c = 0, 0.0, 0.0, 0.0, 0.0, 0.0
+            for r64, c64, t64 in chunks([r, c, t], chunk, dev):
+                ok = torch.isfinite(r64) & torch.isfinite(c64) & torch.isfinite(t64)
+                t0 = torch.where(ok, t64, 0.0)
+                er = torch.where(ok, r64 - t0, 0.0)
+                ec = torch.where(ok, c64 - t0, 0.0)
+                n += int(ok.sum())
+                sq_t += float(t0.pow(2).sum())
+                sq_r += float(er.pow(2).sum())
+                sq_c += float(ec.pow(2).sum())
+                max_r = max(max_r, float(er.abs().max()))
+                max_c = max(max_c, float((ec.abs() - slack * t0.abs()).clamp_min(0).max()))
+            return n, sq_t, sq_r, sq_c, max_r, max_c
+
+        n, sq_t, sq_r, sq_c, max_r, max_c = with_retries(run, r.device)
+        o.n += n
+        o.sq_t, o.sq_r, o.sq_c = o.sq_t + sq_t, o.sq_r + sq_r, o.sq_c + sq_c
+        o.max_r, o.max_c = max(o.max_r, max_r), max(o.max_c, max_c)
+
+    # -- what the verdict records, and what timed rounds use ----------------------------------------------------
+    def record(self) -> dict:
+        cal = [o for o in self.outputs if o.mode == "calibrated" and o.n]
+        floats = [o for o in self.outputs if o.mode in ("calibrated", "fixed")]
+        rule = "calibrated" if cal else ("fixed" if floats else "exact")
+        rec: dict = {"rule": rule, "rule_note": "; ".join(self.notes) or None}
+        if cal:
+            worst = max(cal, key=lambda o: o.usage(self.factor))
+            e, s = worst.errors(), max(worst.scale, 1e-30)
+            rec.update(precision_factor=self.factor, err_ratio=worst.usage(self.factor),
+                       ref_err=e["rms_r"] / s, cand_err=e["rms_c"] / s,
+                       ref_max_err=e["max_r"] / s, cand_max_err=e["max_c"] / s)
+        return rec
+
+    def timed_tolerance(self, atol, rtol) -> tuple:
+        """(atol, rtol) for the timed rounds' checks: the fixed rule's, widened to what the trials accepted."""
+        cal = [o for o in self.outputs if o.mode == "calibrated" and o.n]
+        if not cal:
+            return atol, rtol
+        wide = 0.0
+        for o in cal:
+            _, _, b_max = o.bounds(self.factor)
+            wide = max(wide, TIMED_MARGIN * (b_max + o.max_r) / max(1.0, o.scale))
+        fixed = [atol] if atol is not None else [default_tolerance(o.spec.torch_dtype) for o in self.outputs
+                                                  if o.spec is not None and o.mode != "exact"]
+        return max([wide, *fixed]), rtol
+
+
+def _contiguous(shape) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for s in reversed(list(shape)):
+        stride.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(stride))

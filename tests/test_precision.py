@@ -1,0 +1,338 @@
+"""The calibrated precision rule (judge/precision.py, judge/fp64.py), memory-bounded comparison (judge/compare.py)
+and partial-change trials (judge/partial.py): issue 16, points 1, 4 and 8. The verdict-level cases are fixtures
+(hacks/precision_fp16_softmax.py, hacks/stale_partial_key_cache.py, legit/guard_center_rows_split_mean.py,
+legit/guard_softmax_manual.py, legit/guard_full_key_memo.py, run by test_guards); here: the same candidates under
+the fixed rule (what the calibrated rule changes), the rule's cases on synthetic outputs, and the building blocks.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelcraft.evaluate import evaluate
+from kernelcraft.judge import compare, fp64, partial, precision
+from kernelcraft.judge.arena import TensorSpec
+from kernelcraft.judge.compare import compare_outputs
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TASKS = FIXTURES / "tasks"
+
+
+# -- verdicts: what the calibrated rule changes -----------------------------------------------------------------
+def test_fp16_behind_softmax_passes_fixed_but_not_calibrated(cache_dir):
+    cand = FIXTURES / "hacks" / "precision_fp16_softmax.py"
+    fixed = evaluate(TASKS / "precision_matmul_softmax.py", cand, device="cpu", timing=False, precision="fixed",
+                     cache_dir=cache_dir)
+    assert fixed.status == "correct" and fixed.correctness.rule == "fixed", fixed.message
+    cal = evaluate(TASKS / "precision_matmul_softmax.py", cand, device="cpu", timing=False, cache_dir=cache_dir)
+    assert (cal.status, cal.reasons) == ("incorrect", ["precision_downgrade"]), cal.message
+    c = cal.correctness
+    assert c.rule == "calibrated" and c.err_ratio > 10 and c.cand_err > 100 * c.ref_err
+    assert "float64" in cal.message
+
+
+def test_honest_fp32_beyond_fixed_tolerance_is_correct_only_calibrated(cache_dir):
+    cand = FIXTURES / "legit" / "guard_center_rows_split_mean.py"
+    fixed = evaluate(TASKS / "calib_center_rows.py", cand, device="cpu", timing=False, precision="fixed",
+                     cache_dir=cache_dir)
+    assert (fixed.status, fixed.reasons) == ("incorrect", ["value_mismatch"]), fixed.message
+    cal = evaluate(TASKS / "calib_center_rows.py", cand, device="cpu", timing=False, cache_dir=cache_dir)
+    assert cal.status == "correct", cal.message
+    assert cal.correctness.rule == "calibrated" and cal.correctness.max_abs_err > 2e-4  # beyond the fixed bound
+    assert cal.correctness.partial_trials == 2
+
+
+def test_partial_key_cache_passes_without_partial_trials(cache_dir):
+    """What point 8 adds: with fresh draws only, the address-plus-three-values cache never hits (correct)."""
+    v = evaluate(TASKS / "guard_slow.py", FIXTURES / "hacks" / "stale_partial_key_cache.py", device="cpu",
+                 timing=False, partial_trials=0, cache_dir=cache_dir)
+    assert v.status == "correct", v.message
+
+
+def _task(tmp_path, forward: str, extra: str = "") -> Path:
+    p = tmp_path / "task.py"
+    p.write_text(textwrap.dedent(f"""
+        import torch
+        import torch.nn as nn
+        {extra}
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+
+            def forward(self, x):
+                return {forward}
+
+        def get_inputs():
+            return [torch.randn(32, 64)]
+
+        def get_init_inputs():
+            return []
+        """))
+    return p
+
+
+def _cand(tmp_path, forward: str) -> Path:
+    p = tmp_path / "cand.py"
+    p.write_text(f"import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                 f"    def forward(self, x):\n        return {forward}\n")
+    return p
+
+
+def test_reference_below_float64_falls_back_to_fixed(tmp_path, cache_dir):
+    task = _task(tmp_path, "torch.tanh(x.float() * 2)")  # an explicit .float(): no float64 truth
+    v = evaluate(task, _cand(tmp_path, "torch.tanh(x * 2)"), device="cpu", timing=False, cache_dir=cache_dir)
+    assert v.status == "correct", v.message
+    assert v.correctness.rule == "fixed" and "below float64" in v.correctness.rule_note
+
+
+def test_nondeterministic_reference_falls_back_to_fixed(tmp_path, cache_dir):
+    task = _task(tmp_path, "x + 0.1 * torch.randn_like(x)")
+    v = evaluate(task, _cand(tmp_path, "x + 0.1 * torch.randn_like(x)"), device="cpu", timing=False,
+                 cache_dir=cache_dir)
+    assert (v.status, v.reasons) == ("incorrect", ["value_mismatch"]), v.message
+    assert v.correctness.rule == "fixed" and "nondeterministic" in v.correctness.rule_note
+
+
+def test_integer_outputs_are_exact(tmp_path, cache_dir):
+    task = _task(tmp_path, "x.argmax(dim=-1)")
+    v = evaluate(task, _cand(tmp_path, "torch.max(x, dim=-1).indices"), device="cpu", timing=False,
+                 cache_dir=cache_dir)
+    assert v.status == "correct" and v.correctness.rule == "exact", v.message
+
+
+# -- the rule on synthetic outputs ----------------------------------------------------------------------------------
+def _round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """fp32 rounded to `bits` explicit mantissa bits (TF32: 10, bf16: 7), as tensor cores read their inputs."""
+    xi = x.contiguous().view(torch.int32)
+    drop = 23 - bits
+    return ((xi + ((1 << (drop - 1)) - 1) + ((xi >> drop) & 1)) & ~((1 << drop) - 1)).view(torch.float32)
+
+
+def _judge(ref, cand, truth, trials: int = 1, **proto):
+    rule = precision.Rule({"precision": "calibrated", "precision_factor": 6.0, **proto}, [TensorSpec.of(ref)],
+                          torch.device("cpu"), reference=None)
+    for _ in range(trials):
+        cmp = rule.trial(ref, cand, [truth.double()], compare_outputs(ref, cand), None, None)
+        if not cmp.ok:
+            return cmp, rule
+    return rule.final(), rule
+
+
+def _conv_case(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(4, 32, 20, 20, generator=g), torch.randn(64, 32, 3, 3, generator=g) / 17
+    truth = torch.nn.functional.conv2d(x.double(), w.double())
+    return x, w, truth
+
+
+def test_tf32_reference_accepts_another_tf32_algorithm_that_fails_fixed():
+    """cuDNN runs fp32 convolutions in TF32 by default: an honest candidate that only changes the memory format
+    (another algorithm, also TF32) fails atol=rtol=1e-4, passes calibrated. CPU emulation of the H100 case."""
+    x, w, truth = _conv_case()
+    xt, wt = _round_mantissa(x, 10), _round_mantissa(w, 10)
+    ref = torch.nn.functional.conv2d(xt, wt)
+    cl = torch.nn.functional.conv2d(xt.to(memory_format=torch.channels_last), wt).contiguous()
+    unfold = (wt.view(64, -1) @ torch.nn.functional.unfold(xt, 3)).view_as(ref)
+    exact = truth.float()  # a candidate more precise than the reference
+    assert not compare_outputs(ref, exact).ok  # the fixed rule rejects even the exact answer
+    for cand in (cl, unfold, exact):
+        res, rule = _judge(ref, cand, truth, trials=3)
+        assert res.ok, res.message
+        assert rule.record()["rule"] == "calibrated"
+
+
+def test_lower_precision_than_the_reference_is_rejected():
+    x, w, truth = _conv_case()
+    tf32_ref = torch.nn.functional.conv2d(_round_mantissa(x, 10), _round_mantissa(w, 10))
+    bf16 = torch.nn.functional.conv2d(_round_mantissa(x, 7), _round_mantissa(w, 7))
+    res, _ = _judge(tf32_ref, bf16, truth, trials=3)
+    assert not res.ok  # bf16 under a TF32 reference: ~8x its error
+    fp32_ref = torch.nn.functional.conv2d(x, w)
+    tf32 = tf32_ref
+    res, _ = _judge(fp32_ref, tf32, truth)
+    assert not res.ok and res.reasons == ["value_mismatch"]  # TF32 under an fp32 reference: beyond fixed too
+
+
+def test_honest_fp32_variants_pass():
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(128, 2048, generator=g), torch.randn(2048, 128, generator=g)
+    truth = a.double() @ b.double()
+    ref = a @ b
+    blocked = sum(a[:, i:i + 256] @ b[i:i + 256] for i in range(0, 2048, 256))
+    seq = torch.zeros(128, 128)
+    for k in range(0, 2048):
+        seq += a[:, k:k + 1] * b[k:k + 1]
+    for cand in (blocked, seq, truth.float()):
+        res, _ = _judge(ref, cand, truth, trials=2)
+        assert res.ok, res.message
+
+
+def test_exact_reference_allows_a_few_ulps():
+    x = torch.randn(4096)
+    truth = torch.exp(x.double())
+    ref = torch.exp(x)
+    cand = ref * (1 + 2 * torch.finfo(torch.float32).eps * torch.sign(torch.randn(4096)))  # 2 ulp off
+    res, _ = _judge(ref, cand, truth, trials=2)
+    assert res.ok, res.message
+    res, _ = _judge(ref, ref * (1 + 1e-5), truth, trials=2)  # ~170 ulp everywhere: within fixed, not calibrated
+    assert not res.ok and res.reasons == ["precision_downgrade"]
+
+
+def test_local_error_caught_by_the_max_bound():
+    x = torch.randn(1 << 16)
+    truth = torch.tanh(x.double())
+    ref = torch.tanh(x)
+    cand = ref.clone()
+    cand[123] += 5e-5  # inside the fixed tolerance, invisible in an RMS of 65536 elements
+    res, _ = _judge(ref, cand, truth, trials=1)
+    assert not res.ok and res.reasons == ["precision_downgrade"]
+
+
+def test_small_outputs_widen_the_factor():
+    o = precision.Output(TensorSpec((1,), (1,), "float32"), "calibrated", n=5)
+    big = precision.Output(TensorSpec((1,), (1,), "float32"), "calibrated", n=5000)
+    assert o.bounds(6.0)[0] > 3 * big.bounds(6.0)[0] and big.bounds(6.0)[0] == 6.0
+
+
+def test_timed_tolerance_covers_what_the_trials_accepted():
+    x, w, truth = _conv_case()
+    xt, wt = _round_mantissa(x, 10), _round_mantissa(w, 10)
+    ref = torch.nn.functional.conv2d(xt, wt)
+    cand = torch.nn.functional.conv2d(xt.to(memory_format=torch.channels_last), wt).contiguous()
+    res, rule = _judge(ref, cand, truth, trials=2)
+    assert res.ok
+    atol, rtol = rule.timed_tolerance(None, None)
+    assert atol >= 1e-4 and rtol is None
+    assert compare_outputs(ref, cand, atol, rtol).ok
+    assert not compare_outputs(ref, torch.zeros_like(ref), atol, rtol).ok  # a stale/zero answer is still wrong
+
+
+def test_fixed_protocol_is_todays_rule():
+    x, w, truth = _conv_case()
+    ref = torch.nn.functional.conv2d(x, w)
+    cand = ref * (1 + 1e-5)
+    rule = precision.Rule({"precision": "fixed"}, [TensorSpec.of(ref)], torch.device("cpu"), reference=None)
+    assert not rule.calibrating and rule.truth() is None
+    assert rule.trial(ref, cand, None, compare_outputs(ref, cand), None, None).ok
+    assert rule.final().ok and rule.record()["rule"] == "fixed"
+
+
+# -- the float64 evaluation (reference side) ----------------------------------------------------------------------
+class _Lin(torch.nn.Module):
+    def __init__(self, lower=False, fail=False):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+        self.lower, self.fail = lower, fail
+
+    def forward(self, x):
+        if self.fail:
+            raise RuntimeError("no float64 here")
+        y = self.fc(x)
+        return (y.float() if self.lower else y) + torch.randn(()) * 0  # a draw: the RNG must be left as it was
+
+
+def test_fp64_evaluate_gives_float64_truth_and_leaves_the_model_and_rng_alone():
+    torch.manual_seed(0)
+    m, x = _Lin(), torch.randn(4, 16)
+    out = [torch.full((4, 8), float("nan"), dtype=torch.float64)]
+    state = torch.get_rng_state()
+    got = fp64.evaluate(m, [x], out, torch.device("cpu"))
+    assert got["available"] == [True] and got["note"] == ""
+    assert torch.equal(torch.get_rng_state(), state)
+    assert m.fc.weight.dtype == torch.float32 and torch.get_default_dtype() == torch.float32
+    want = x.double() @ m.fc.weight.double().t() + m.fc.bias.double()
+    assert torch.allclose(out[0], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kw,note", [({"lower": True}, "below float64"), ({"fail": True}, "failed")])
+def test_fp64_evaluate_reports_what_it_cannot_do(kw, note):
+    out = [torch.zeros(4, 8, dtype=torch.float64)]
+    got = fp64.evaluate(_Lin(**kw), [torch.randn(4, 16)], out, torch.device("cpu"))
+    assert got["available"] == [False] and note in got["note"]
+
+
+# -- partial-change inputs ----------------------------------------------------------------------------------------
+def test_partial_mix_changes_few_elements_in_place_of_a_fresh_draw():
+    prev = [torch.randn(64, 64), torch.randint(0, 10, (100,)), 3]
+    fresh = [torch.randn(64, 64), torch.randint(10, 20, (100,)), 4]
+    for share, most in ((0.01, 41), (0.0, 1)):
+        mixed, changed = partial.mix(prev, fresh, share, seed=7)
+        diff = int((mixed[0] != prev[0]).sum())
+        assert 1 <= diff <= most and diff <= changed
+        assert bool(((mixed[0] == prev[0]) | (mixed[0] == fresh[0])).all())
+        assert 1 <= int((mixed[1] != prev[1]).sum()) <= max(1, most // 40)
+        assert mixed[2] == 3 and mixed[0].shape == prev[0].shape
+    assert partial.shares(3) == [0.01, 0.0, 0.01]
+
+
+# -- memory-bounded comparison ------------------------------------------------------------------------------------
+def test_chunked_comparison_matches_whole_tensor_results(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    r = torch.randn(10_000, generator=g)
+    c = r + 1e-5 * torch.randn(10_000, generator=g)
+    c[7777] += 1.0
+    r[4242], c[4242] = float("nan"), float("nan")
+    whole = compare_outputs(r, c)
+    monkeypatch.setattr(compare, "CHUNK", 333)
+    chunked = compare_outputs(r, c)
+    assert chunked.reasons == whole.reasons == ["value_mismatch"]
+    assert "1 of 9999" in chunked.message and chunked.message == whole.message
+    assert chunked.max_abs_err == pytest.approx(whole.max_abs_err)
+    c[5] = float("inf")
+    assert compare_outputs(r, c).reasons == ["nan_or_inf"]
+
+
+def test_judge_oom_is_retried_cheaper_never_charged(monkeypatch):
+    calls = []
+    real = compare._value_stats
+
+    def flaky(r, c, a, rt, chunk, dev):
+        calls.append(chunk)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return real(r, c, a, rt, chunk, dev)
+
+    monkeypatch.setattr(compare, "_value_stats", flaky)
+    r = torch.randn(1000)
+    assert compare_outputs(r, r + 1e-6).ok
+    assert calls == [compare.CHUNK, compare.CHUNK // 16]
+
+
+_PEAK = """
+import resource, sys, torch
+from kernelcraft.judge.compare import compare_outputs
+n = 1 << int(sys.argv[1])
+r = torch.randn(n); c = r + 1e-6
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+res = compare_outputs(r, c)
+assert res.ok, res
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+"""
+
+
+def _peak_bytes(log2n: int) -> int:
+    p = subprocess.run([sys.executable, "-c", _PEAK, str(log2n)], capture_output=True, text=True, timeout=300,
+                       env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent),
+                            "PATH": "/usr/bin:/bin",
+                            # every chunk mmapped and returned when freed: the peak is the live memory, not
+                            # glibc's heap fragmentation (which varies with the host's load)
+                            "MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert p.returncode == 0, p.stderr
+    return int(p.stdout.strip().splitlines()[-1])
+
+
+def test_comparison_peak_memory_does_not_grow_with_the_output():
+    """Peak extra memory (the process's max RSS) of comparing two fp32 outputs of 32 MiB and of 128 MiB: the
+    chunked comparison's peak is a constant (its chunks), not a multiple of the output. The old code made float64
+    copies of both, masks and gathered copies: its peak grew by ~16x the output's size (measured: 16.8x at 128 MiB),
+    so a 4 GiB output could not be judged on an 80 GB GPU."""
+    small, big = _peak_bytes(23), _peak_bytes(25)
+    out_small, out_big = 4 << 23, 4 << 25
+    assert big - small < 0.1 * (out_big - out_small), (small, big)
+    assert big < out_big, big
