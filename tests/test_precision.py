@@ -180,7 +180,11 @@ def test_exact_reference_allows_a_few_ulps():
     cand = ref * (1 + 2 * torch.finfo(torch.float32).eps * torch.sign(torch.randn(4096)))  # 2 ulp off
     res, _ = _judge(ref, cand, truth, trials=2)
     assert res.ok, res.message
-    res, _ = _judge(ref, ref * (1 + 1e-5), truth, trials=2)  # ~170 ulp everywhere: within fixed, not calibrated
+    # fast-math transcendentals (~2^-18 relative, measured on the H100: __tanhf 2.7e-6 RMS) pass the 256-ulp floor;
+    # 2^-14 everywhere (~1000 ulp, fp16's rounding is 2^-11) is within the fixed rule and beyond the calibrated one
+    res, _ = _judge(ref, ref * (1 + 2.0 ** -18), truth, trials=2)
+    assert res.ok, res.message
+    res, _ = _judge(ref, ref * (1 + 2.0 ** -14), truth, trials=2)
     assert not res.ok and res.reasons == ["precision_downgrade"]
 
 
