@@ -185,3 +185,13 @@ def test_reset_restores_the_reference_as_constructed(tmp_path):
     assert torch.equal(side.model.scale, before)
     assert side.model.training and side.model.drop.training
     assert torch.equal(torch.rand(3), draw)  # the RNG stream continues from construction again
+
+
+def test_spawned_workers_are_kept_warm_too(monkeypatch):
+    """Without the zygote the judge is exec'd, so it and its reference carry the first job's tag in their
+    environment: a job's clean-up (kill_tagged) must spare them and still kill what the candidate exec'd."""
+    monkeypatch.setenv("KERNELCRAFT_ZYGOTE", "0")
+    first = _eval(TASK, MIRROR)
+    assert first.status == "correct" and first.env.worker_start == "spawn", first.message
+    again = _eval(TASK, MIRROR + "\n# again\n")
+    assert again.status == "correct" and again.env.reference == "warm", again.message
