@@ -223,3 +223,20 @@ def test_inputs_are_fresh_and_secret_every_evaluation(tmp_path):
     inputs = [ln for ln in lines if ln.startswith("x ")]
     assert len(weights) == 1, "the same seed gives the same weights"
     assert len(inputs) == 10 and len(set(inputs)) == 10, "every trial of every evaluation sees fresh inputs"
+
+
+def test_timing_spans_fresh_candidate_processes(tmp_path):
+    """`processes`: the candidate's process is replaced between timing blocks; the record names each process's
+    speedup and the CI contains them all (what makes it reproduce between invocations)."""
+    task = FIXTURES / "tasks" / "guard_slow.py"
+    cand = task.read_text().replace("class Model(", "class ModelNew(")
+    v = evaluate(str(task), cand, device="cpu", processes=3, time_budget_s=0.6, remeasure_above=None,
+                 cache_dir=tmp_path / "cache")
+    assert v.status == "correct", v.message
+    t = v.timing
+    assert t.processes == 3 and len(t.process_speedups) == 3
+    assert all(t.ci95[0] <= s <= t.ci95[1] for s in t.process_speedups)
+    assert t.ci95[0] <= t.within_ci95[0] and t.within_ci95[1] <= t.ci95[1]
+    one = evaluate(str(task), cand, device="cpu", processes=1, time_budget_s=0.3, remeasure_above=None,
+                   cache_dir=tmp_path / "cache")
+    assert one.timing.processes in (1, None) and one.timing.process_speedups is None

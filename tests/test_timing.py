@@ -199,3 +199,28 @@ def test_round_trip_clock_cpu_has_no_probe():
     t0 = clock.now()
     spin(1.0)
     assert 0.9 < (clock.now() - t0) / 1e6 < 50
+
+
+def _block(ratios, lo, hi):
+    from kernelcraft.judge.timing import TimingResult
+    refs = [2.0 * r for r in ratios]
+    cands = [2.0] * len(ratios)
+    med = sorted(ratios)[len(ratios) // 2]
+    return TimingResult(ref_ms=2 * med, cand_ms=2.0, speedup=med, ci95=(lo, hi), samples=len(ratios), converged=True,
+                        method="m", ref_spread_ms=(1, 1), cand_spread_ms=(1, 1), host_ref_ms=1, host_cand_ms=1,
+                        spot_checks=len(ratios), overhead_ms=0.5, ref_samples=refs, cand_samples=cands)
+
+
+def test_combine_spans_every_process_interval():
+    """Independent candidate processes (protocol.processes): the CI spans each block's own interval and the pooled
+    one; the point estimate is the pooled median; each block's median is recorded."""
+    from kernelcraft.judge.timing import combine
+    a = _block([4.9, 5.0, 5.1] * 10, 4.95, 5.05)
+    b = _block([5.4, 5.5, 5.6] * 10, 5.45, 5.55)
+    c = _block([5.1, 5.2, 5.3] * 10, 5.15, 5.25)
+    out = combine([a, b, c])
+    assert out.processes == 3 and out.process_speedups == [5.0, 5.5, 5.2]
+    assert out.ci95[0] <= 4.95 and out.ci95[1] >= 5.55
+    assert out.within_ci95[0] > out.ci95[0] and out.within_ci95[1] < out.ci95[1]  # pooled rounds alone: narrower
+    assert out.speedup == 5.2 and out.samples == 90
+    assert combine([a]) is a  # one process: the block's own result, unchanged

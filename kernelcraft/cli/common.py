@@ -147,6 +147,7 @@ PROTOCOL_OPTIONS = {
                                                                            + " (default 6)")),
     "partial_trials": ("partial_trials", Optional[int], typer.Option(None, min=0, help=_help("partial_trials")
                                                                      + " (default 2)")),
+    "processes": ("processes", Optional[int], typer.Option(None, min=1, max=8, help=_help("processes"))),
 }
 _FLAGS = {field: "--" + param.replace("_", "-") for param, (field, _, opt) in PROTOCOL_OPTIONS.items()
           if not opt.hidden}

@@ -38,6 +38,7 @@ from kernelcraft.judge import timing  # noqa: E402  (binds clocks before anythin
 import fcntl  # noqa: E402
 import random  # noqa: E402
 import secrets  # noqa: E402
+import signal  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -62,6 +63,7 @@ class Evaluation:
         self.warm = warm
         self.ready: Warm | None = None  # set once the reference is known good: what a next job may reuse
         self.forker_pid: int | None = None
+        self.spawn_candidate = None  # a fresh candidate side (set by `jobs`); None: one process (`processes` = 1)
         self.phase = "start"
         self.device_lock = None
         self.device = torch.device("cuda:0" if job["device"].startswith("cuda") else "cpu")
@@ -103,8 +105,9 @@ class Evaluation:
             self._take_device()
         self.enter("import")  # strict mode on a GPU: the candidate's side starts its kernel tracer first
         strict = p["mode"] == "strict"
-        got = self.cand.request(dict(cmd="import", path=job["candidate_path"], strict=strict, guarded=self.guarded,
-                                     preload=job.get("preload", ()), **common), phase="import")
+        self.cand_import = dict(cmd="import", path=job["candidate_path"], strict=strict, guarded=self.guarded,
+                                preload=job.get("preload", ()), **common)
+        got = self.cand.request(self.cand_import, phase="import")
         self.build_s = float(got.get("build_s", 0.0))
         self.result["build_cache"] = got.get("build_cache", {"builds": 0, "hits": 0})
         if got.get("kernel_tracer"):
@@ -119,12 +122,13 @@ class Evaluation:
         self.audit = isolation.Audit(os.getpid(), known)
         self.enter("check")
         self._check()
-        weights.check(self)  # the same new weights into both models, one more trial (judge/weights.py)
         self._audit()
         if p["timing"]:
             self.enter("time")
             self._time()
-        self._audit()
+        self.enter("check")
+        weights.check(self)  # the same new weights into both models, one more trial (judge/weights.py); after
+        self._audit()        # timing, which may replace the candidate's process (`processes`) and times old weights
         self.cand.request({"cmd": "audit"})
         self.result["guards"].append("audits")
         return self.result
@@ -145,7 +149,8 @@ class Evaluation:
         except Exception as e:
             raise Reject("runtime_error", ["task_error"], "the task's get_init_inputs() failed: "
                          + side_mod.describe_exception(e)) from None
-        msg = dict(cmd="construct", init=init, seed=self.p["seed"], module_mode=self.p["module_mode"])
+        self.construct_msg = msg = dict(cmd="construct", init=init, seed=self.p["seed"],
+                                        module_mode=self.p["module_mode"])
         warm = self.warm
         sides = (self.cand,) if warm else (self.ref, self.cand)  # a warm reference is constructed already
         replies = {s.role: s.request(msg, phase="init") for s in sides}
@@ -160,6 +165,7 @@ class Evaluation:
         if not warm:
             self.in_specs = [TensorSpec.of(t) if isinstance(t, torch.Tensor) else None for t in first]
             values = [None if isinstance(t, torch.Tensor) else t for t in first]
+        self.values = values
         self.in_arenas = {"reference": warm.in_arena} if warm else {}
         for s in sides:
             a = Arena(self.in_specs, self.device)
@@ -361,11 +367,17 @@ class Evaluation:
             if i >= 0 and self.rng.random() < AUDIT_SHARE:
                 self._audit()
 
+        k = max(1, int(p.get("processes") or 1)) if self.spawn_candidate is not None else 1
+        blocks = []
         with _device_lock(None) if self.device_lock else _device_lock(self.job.get("lock_path")):
-            res = timing.measure(
-                time_side(self.ref), time_side(self.cand), time_null, next_round, check_round,
-                cuda=self.device.type == "cuda", budget_s=p["time_budget_s"], target=p["target_ci"],
-                min_rounds=p["min_rounds"], seed=self.rng.randrange(1 << 30))
+            for b in range(k):
+                if b:
+                    self._replace_candidate(b, k, tol)
+                blocks.append(timing.measure(
+                    time_side(self.ref), time_side(self.cand), time_null, next_round, check_round,
+                    cuda=self.device.type == "cuda", budget_s=p["time_budget_s"] / k, target=p["target_ci"],
+                    min_rounds=max(3, -(-p["min_rounds"] // k)), seed=self.rng.randrange(1 << 30)))
+        res = timing.combine(blocks)
         med = lambda v: sorted(v)[len(v) // 2] if v else 0.0  # noqa: E731
         res.hidden_work_ms = med(left["candidate"]) - med(left["reference"])
         rec = res.record()
@@ -374,6 +386,33 @@ class Evaluation:
         rec["probe_idle_ms"] = clock.idle_ms
         self.result["timing"] = rec
         self.result["guards"] += ["frozen_peer", "judge_clock"]
+
+    def _replace_candidate(self, b: int, k: int, tol) -> None:
+        """Between timing blocks: the candidate's process is replaced by a fresh one (from the forker), imported
+        (a build-cache hit) and constructed like the first, on the same arenas, and it must pass one correctness
+        trial of its own before it is timed. So the blocks see independent processes and the CI can span them."""
+        old, self.cand = self.cand, None
+        _kill(old)
+        self.cand = self.sides["candidate"] = self.spawn_candidate()
+        self.audit.sides["candidate"] = self.cand.pid
+        self.cand.request(self.cand_import, phase="time")
+        self.cand.request(self.construct_msg, phase="time")
+        for arenas, cmd in ((self.in_arenas, dict(cmd="inputs", values=self.values)),
+                            (self.out_arenas, dict(cmd="outputs", kind=self.out_kind))):
+            desc, fds = arenas["candidate"].handle()
+            self.cand.request(dict(cmd, arena=desc), fds, phase="time")
+        self._write_inputs(self._draw())
+        self._poison()
+        replies = {s.role: s.request(dict(cmd="run", check=True), phase="time") for s in (self.ref, self.cand)}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self._check_mutation(f"candidate process {b + 1} of {k}")
+        cmp = compare_outputs(self._output("reference", replies["reference"].get("values", []), copy=True),
+                              self._output("candidate", list(replies["candidate"].get("values", [])), copy=True),
+                              *tol)
+        if not cmp.ok:
+            raise Reject("incorrect", cmp.reasons, f"candidate process {b + 1} of {k} (a fresh process for "
+                         f"timing) failed its correctness trial: {cmp.message}")
 
     def _audit(self) -> None:
         found = self.audit.problems()
@@ -397,6 +436,17 @@ def _reference_sane(ref_out) -> None:
         if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel() and not bool(torch.isfinite(r).any()):
             raise Reject("runtime_error", ["task_error"], "the reference's output is NaN/Inf everywhere: "
                          "there is nothing to compare a candidate against")
+
+
+def _kill(side: SideProc) -> None:
+    try:
+        os.killpg(side.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.waitpid(side.pid, 0)
+    except ChildProcessError:
+        pass
 
 
 class _device_lock:
