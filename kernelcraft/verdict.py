@@ -114,6 +114,8 @@ class Timing(BaseModel):
                                                  "between-process spread the CI covers")
     within_ci95: tuple[float, float] | None = Field(None, description="the CI of all rounds pooled, before it was "
                                                     "widened to span every process's interval")
+    note: str | None = Field(None, description="'host too noisy: ...' when the CI cannot resolve the speedup "
+                             "(judge.timing.noise_note); the CLI warns")
 
 
 class Weights(BaseModel):

@@ -224,3 +224,11 @@ def test_combine_spans_every_process_interval():
     assert out.within_ci95[0] > out.ci95[0] and out.within_ci95[1] < out.ci95[1]  # pooled rounds alone: narrower
     assert out.speedup == 5.2 and out.samples == 90
     assert combine([a]) is a  # one process: the block's own result, unchanged
+
+
+def test_a_ci_that_cannot_resolve_the_speedup_says_host_too_noisy():
+    from kernelcraft.judge.timing import noise_note
+    assert noise_note(_block([1.0] * 9, 0.98, 1.02)) is None
+    note = noise_note(_block([5.0] * 9, 1.8, 23.8))
+    assert note.startswith("host too noisy") and "x13.22" in note
+    assert noise_note(_block([5.0] * 9, 0.0, 2.0)).startswith("host too noisy")

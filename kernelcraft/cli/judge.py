@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from kernelcraft.cli.common import DEVICE, app, out, print_json, tier_notice, usage_error, with_protocol
+from kernelcraft.cli.common import DEVICE, app, console, out, print_json, tier_notice, usage_error, with_protocol
 from kernelcraft.evaluate import check_task, evaluate
 from kernelcraft.protocol import Protocol
 from kernelcraft.task import TIERS, TaskError, builtin_names, load_task
@@ -61,6 +61,8 @@ def eval_cmd(
         print_json(v.to_json())
     else:
         _verdict_panel(v)
+    if v.timing and v.timing.note:
+        console.print(f"warning: {v.timing.note}", style="yellow", markup=False, highlight=False)
 
 
 @app.command("tasks")

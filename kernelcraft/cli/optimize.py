@@ -88,8 +88,13 @@ class _OptimizeProgress:
             biased = d.get("status") == "correct" and (d.get("ci95") or [0])[0] > 1.0
             if biased:
                 self.threshold = max(self.threshold, d["speedup"])
+            ci = d.get("ci95") or [None, None]
+            below = d.get("status") == "correct" and ci[1] is not None and ci[1] < 1.0
             console.print(f"null control (the reference timed against itself): {sp}"
-                          + (" — a timing bias: candidates must beat this" if biased else ""))
+                          + (f" [CI {ci[0]:.3f}–{ci[1]:.3f}]" if ci[0] is not None else "")
+                          + (" — a timing bias: candidates must beat this" if biased else "")
+                          + (" — warning: below 1 beyond its CI, this host's timings are biased or too noisy; "
+                             "speedups here are understated" if below else ""), markup=False, highlight=False)
         elif kind == "confirm":
             self.running.pop(("confirm_start", d.get("id")), None)
             sp = f"{d['speedup']:.2f}x" if d["speedup"] else d["status"]

@@ -15,6 +15,9 @@ Design decisions
   paired sample. The speedup is the median of the per-round ratios; its 95% CI comes from order
   statistics (distribution-free). Rounds continue in batches until the CI is within ±target or the time
   budget is spent. GPU: the L2 is flushed by the judge before every timed call.
+- Between-run variation is measured, not assumed away: the judge times the candidate in `Protocol.processes`
+  blocks, each in a fresh candidate process, and `combine` makes the CI span every block's interval and the
+  pooled one (a within-run interval missed the next run's estimate most of the time on a busy host).
 - `measure` knows nothing of processes: it takes functions that time one call (`time_ref`, `time_cand`,
   `time_null`), prepare a round (`next_round`) and check it (`check_round`), so its statistics are tested
   with synthetic functions.
@@ -33,6 +36,7 @@ import torch
 _perf_ns = time.perf_counter_ns
 _cuda_sync = torch.cuda.synchronize
 _Z = 1.959963984540054
+NOISY_SPAN = 1.5  # a 95% CI whose upper end is beyond 1.5x its lower end cannot resolve the speedup: say so
 RESOLUTION_FLOOR = 0.05  # a side's overhead-corrected time is at least this share of the round-trip overhead
 SETTLE_LIMIT_S = 30.0  # a device still busy this long after `done` is a rejection, not a sample
 
@@ -250,3 +254,14 @@ def combine(blocks: list[TimingResult]) -> TimingResult:
     out.process_speedups = [round(b.speedup, 6) for b in blocks]
     out.within_ci95 = (lo, hi)
     return out
+
+
+def noise_note(res: TimingResult) -> str | None:
+    """'host too noisy' when the interval cannot resolve the speedup (its ends more than NOISY_SPAN apart): the
+    number is still reported (a reward needs one) but must not be read as a measurement of the candidate."""
+    lo, hi = res.ci95
+    if lo > 0 and hi / lo <= NOISY_SPAN:
+        return None
+    span = f"x{hi / lo:.2f}" if lo > 0 else "unbounded"
+    return (f"host too noisy: the 95% CI {lo:.3g}-{hi:.3g} spans {span} (more than x{NOISY_SPAN:g}); the speedup "
+            "does not resolve the candidate here — re-run on a quieter host or with a larger --time-budget")

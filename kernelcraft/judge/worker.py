@@ -38,12 +38,11 @@ from kernelcraft.judge import timing  # noqa: E402  (binds clocks before anythin
 import fcntl  # noqa: E402
 import random  # noqa: E402
 import secrets  # noqa: E402
-import signal  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernelcraft.judge import isolation, partial, precision, side as side_mod, tripwires, weights  # noqa: E402
+from kernelcraft.judge import blocks as blocks_mod, isolation, partial, precision, side as side_mod, tripwires, weights  # noqa: E402,E501
 from kernelcraft.judge.arena import Arena, TensorSpec  # noqa: E402
 from kernelcraft.judge.compare import compare_outputs, is_oom  # noqa: E402
 from kernelcraft.judge.guards import Reject  # noqa: E402
@@ -372,7 +371,7 @@ class Evaluation:
         with _device_lock(None) if self.device_lock else _device_lock(self.job.get("lock_path")):
             for b in range(k):
                 if b:
-                    self._replace_candidate(b, k, tol)
+                    blocks_mod.replace_candidate(self, b, k, tol)
                 blocks.append(timing.measure(
                     time_side(self.ref), time_side(self.cand), time_null, next_round, check_round,
                     cuda=self.device.type == "cuda", budget_s=p["time_budget_s"] / k, target=p["target_ci"],
@@ -381,38 +380,12 @@ class Evaluation:
         med = lambda v: sorted(v)[len(v) // 2] if v else 0.0  # noqa: E731
         res.hidden_work_ms = med(left["candidate"]) - med(left["reference"])
         rec = res.record()
+        rec["note"] = timing.noise_note(res)
         rec["audits"] = self.audit.count + 1  # with the one after timing
         rec["busy_probes"] = clock.busy_probes
         rec["probe_idle_ms"] = clock.idle_ms
         self.result["timing"] = rec
         self.result["guards"] += ["frozen_peer", "judge_clock"]
-
-    def _replace_candidate(self, b: int, k: int, tol) -> None:
-        """Between timing blocks: the candidate's process is replaced by a fresh one (from the forker), imported
-        (a build-cache hit) and constructed like the first, on the same arenas, and it must pass one correctness
-        trial of its own before it is timed. So the blocks see independent processes and the CI can span them."""
-        old, self.cand = self.cand, None
-        _kill(old)
-        self.cand = self.sides["candidate"] = self.spawn_candidate()
-        self.audit.sides["candidate"] = self.cand.pid
-        self.cand.request(self.cand_import, phase="time")
-        self.cand.request(self.construct_msg, phase="time")
-        for arenas, cmd in ((self.in_arenas, dict(cmd="inputs", values=self.values)),
-                            (self.out_arenas, dict(cmd="outputs", kind=self.out_kind))):
-            desc, fds = arenas["candidate"].handle()
-            self.cand.request(dict(cmd, arena=desc), fds, phase="time")
-        self._write_inputs(self._draw())
-        self._poison()
-        replies = {s.role: s.request(dict(cmd="run", check=True), phase="time") for s in (self.ref, self.cand)}
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        self._check_mutation(f"candidate process {b + 1} of {k}")
-        cmp = compare_outputs(self._output("reference", replies["reference"].get("values", []), copy=True),
-                              self._output("candidate", list(replies["candidate"].get("values", [])), copy=True),
-                              *tol)
-        if not cmp.ok:
-            raise Reject("incorrect", cmp.reasons, f"candidate process {b + 1} of {k} (a fresh process for "
-                         f"timing) failed its correctness trial: {cmp.message}")
 
     def _audit(self) -> None:
         found = self.audit.problems()
@@ -436,17 +409,6 @@ def _reference_sane(ref_out) -> None:
         if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel() and not bool(torch.isfinite(r).any()):
             raise Reject("runtime_error", ["task_error"], "the reference's output is NaN/Inf everywhere: "
                          "there is nothing to compare a candidate against")
-
-
-def _kill(side: SideProc) -> None:
-    try:
-        os.killpg(side.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        os.waitpid(side.pid, 0)
-    except ChildProcessError:
-        pass
 
 
 class _device_lock:

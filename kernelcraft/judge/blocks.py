@@ -1,0 +1,84 @@
+"""Timing blocks in fresh candidate processes (`Protocol.processes`): the candidate's process is replaced between
+blocks, so the timing CI can span independent processes (`timing.combine`).
+
+Design decisions
+- A replacement is a full candidate: a fresh side from the judge's forker (`jobs` hands the Evaluation a
+  factory), imported with the first import's message (its builds are cache hits), constructed with the same
+  seed, lent the same arenas, and it must pass one correctness trial of its own before it is timed (a
+  candidate honest only in the process the judge checked is a wrong answer, `v2_c7_later_process_differs`).
+  Every timed output of every block is still compared and every input re-verified.
+- The replaced process and what it started are killed and reaped before the next is forked: its children (an
+  honest torch.compile's worker pool) are re-parented to the judge, where an audit would otherwise find them as
+  orphans the candidate detached.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from kernelcraft.judge.compare import compare_outputs
+from kernelcraft.judge.guards import Reject
+from kernelcraft.judge.procs import children, descendants
+
+
+def replace_candidate(ev, b: int, k: int, tol) -> None:
+    """Between timing blocks: the candidate's process is replaced by a fresh one (from the forker), imported
+    (a build-cache hit) and constructed like the first, on the same arenas, and it must pass one correctness
+    trial of its own before it is timed. So the blocks see independent processes and the CI can span them."""
+    old, ev.cand = ev.cand, None
+    kill_side(old, keep={ev.ref.pid, ev.forker_pid})
+    ev.cand = ev.sides["candidate"] = ev.spawn_candidate()
+    ev.audit.sides["candidate"] = ev.cand.pid
+    ev.cand.request(ev.cand_import, phase="time")
+    ev.cand.request(ev.construct_msg, phase="time")
+    for arenas, cmd in ((ev.in_arenas, dict(cmd="inputs", values=ev.values)),
+                        (ev.out_arenas, dict(cmd="outputs", kind=ev.out_kind))):
+        desc, fds = arenas["candidate"].handle()
+        ev.cand.request(dict(cmd, arena=desc), fds, phase="time")
+    ev._write_inputs(ev._draw())
+    ev._poison()
+    replies = {s.role: s.request(dict(cmd="run", check=True), phase="time") for s in (ev.ref, ev.cand)}
+    if ev.device.type == "cuda":
+        torch.cuda.synchronize()
+    ev._check_mutation(f"candidate process {b + 1} of {k}")
+    cmp = compare_outputs(ev._output("reference", replies["reference"].get("values", []), copy=True),
+                          ev._output("candidate", list(replies["candidate"].get("values", [])), copy=True),
+                          *tol)
+    if not cmp.ok:
+        raise Reject("incorrect", cmp.reasons, f"candidate process {b + 1} of {k} (a fresh process for "
+                     f"timing) failed its correctness trial: {cmp.message}")
+
+
+def kill_side(side, keep: set[int]) -> None:
+    """A replaced candidate process and everything it started, killed and reaped: its children (an honest
+    torch.compile's worker pool) are re-parented to the judge when it dies, and an audit must not find them
+    there as orphans the candidate detached."""
+    doomed = [side.pid] + descendants(side.pid)
+    try:
+        os.killpg(side.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.waitpid(side.pid, 0)
+    except ChildProcessError:
+        pass
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        left = [pid for pid in children(os.getpid()) if pid not in keep]
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, os.WNOHANG)
+            except (ProcessLookupError, ChildProcessError, PermissionError):
+                pass
+        time.sleep(0.005)
