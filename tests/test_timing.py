@@ -232,3 +232,13 @@ def test_a_ci_that_cannot_resolve_the_speedup_says_host_too_noisy():
     note = noise_note(_block([5.0] * 9, 1.8, 23.8))
     assert note.startswith("host too noisy") and "x13.22" in note
     assert noise_note(_block([5.0] * 9, 0.0, 2.0)).startswith("host too noisy")
+
+
+def test_processes_that_disagree_beyond_2x_and_their_intervals_are_suspicious():
+    from kernelcraft.judge.timing import inconsistent
+    fast, slow = _block([50.0] * 9, 45.0, 55.0), _block([0.12] * 9, 0.11, 0.13)
+    assert "differs between the candidate's own processes" in inconsistent([fast, slow, fast])
+    noisy_a, noisy_b = _block([4.4] * 9, 1.8, 12.0), _block([6.8] * 9, 2.5, 20.0)  # a busy host: wide intervals
+    assert inconsistent([noisy_a, noisy_b]) is None
+    assert inconsistent([_block([5.0] * 9, 4.9, 5.1), _block([5.6] * 9, 5.5, 5.7)]) is None  # < 2x apart
+    assert inconsistent([fast]) is None

@@ -265,3 +265,21 @@ def noise_note(res: TimingResult) -> str | None:
     span = f"x{hi / lo:.2f}" if lo > 0 else "unbounded"
     return (f"host too noisy: the 95% CI {lo:.3g}-{hi:.3g} spans {span} (more than x{NOISY_SPAN:g}); the speedup "
             "does not resolve the candidate here — re-run on a quieter host or with a larger --time-budget")
+
+
+def inconsistent(blocks: list[TimingResult]) -> str | None:
+    """Candidate processes that disagree about the speedup beyond 2x *and* beyond their own intervals (the rule
+    `evaluate._reconcile` applies to fresh workers): a speed that depends on which process runs (a candidate
+    fast only in some processes) is suspicious, never a number. A busy host widens each block's interval, so
+    honest candidates on a loaded machine are not caught by it."""
+    if len(blocks) < 2:
+        return None
+    lo = min(blocks, key=lambda b: b.speedup)
+    hi = max(blocks, key=lambda b: b.speedup)
+    half = lambda b: max(math.log(b.ci95[1] / b.speedup), math.log(b.speedup / b.ci95[0]))  # noqa: E731
+    if min(lo.speedup, lo.ci95[0], hi.ci95[0]) <= 0:
+        return None
+    if math.log(hi.speedup / lo.speedup) <= math.log(2.0) + half(lo) + half(hi):
+        return None
+    listing = ", ".join(f"{b.speedup:.3f}x [{b.ci95[0]:.3f}-{b.ci95[1]:.3f}]" for b in blocks)
+    return f"the speedup differs between the candidate's own processes beyond 2x and their intervals: {listing}"
