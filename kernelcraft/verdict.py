@@ -115,7 +115,7 @@ class Timing(BaseModel):
     within_ci95: tuple[float, float] | None = Field(None, description="the CI of all rounds pooled, before it was "
                                                     "widened to span every process's interval")
     note: str | None = Field(None, description="'host too noisy: ...' when the CI cannot resolve the speedup "
-                             "(judge.timing.noise_note); the CLI warns")
+                             "(judge.timing.noise_note), or candidate processes that disagree; the CLI warns")
 
 
 class Weights(BaseModel):

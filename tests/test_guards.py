@@ -90,6 +90,7 @@ class Spec:
     min_speedup: float | None = None
     guards: tuple[str, ...] = ()
     trials: int = 5
+    processes: int = 1
     budget: float = TIME_BUDGET_S
     static: str | None = None
     slow: bool = False
@@ -128,7 +129,7 @@ def parse_header(path: Path) -> Spec:
     if not task.is_file():
         raise ValueError(f"{path.name}: task file {task} not found")
     known = {"expect", "task", "device", "screen", "off", "mode", "timing", "remeasure", "min_speedup",
-             "guards", "trials", "static", "budget", "module_mode"}
+             "guards", "trials", "static", "budget", "module_mode", "processes"}
     unknown = set(kv) - known
     if unknown or flags - {"slow"}:
         raise ValueError(f"{path.name}: unknown header keys {sorted(unknown | (flags - {'slow'}))}")
@@ -142,7 +143,8 @@ def parse_header(path: Path) -> Spec:
         remeasure=float(kv["remeasure"]) if "remeasure" in kv else 3.0,
         min_speedup=float(kv["min_speedup"]) if "min_speedup" in kv else None,
         guards=tuple(g for g in kv.get("guards", "").split(",") if g),
-        trials=int(kv.get("trials", 5)), budget=float(kv.get("budget", TIME_BUDGET_S)), static=kv.get("static"),
+        trials=int(kv.get("trials", 5)), processes=int(kv.get("processes", 1)),
+        budget=float(kv.get("budget", TIME_BUDGET_S)), static=kv.get("static"),
         slow="slow" in flags, extra=kv)
 
 
@@ -176,7 +178,7 @@ def run_fixture(spec: Spec, screen: bool, device: str, cache_dir=None):
     return evaluate(spec.task, spec.path, device=device, mode=spec.mode, module_mode=spec.module_mode,
                     screen=screen, timing=spec.timing,
                     time_budget_s=spec.budget, trials=spec.trials, remeasure_above=spec.remeasure,
-                    cache_dir=cache_dir)
+                    processes=spec.processes, cache_dir=cache_dir)
 
 
 def describe(v) -> str:

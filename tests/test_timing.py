@@ -234,7 +234,7 @@ def test_a_ci_that_cannot_resolve_the_speedup_says_host_too_noisy():
     assert noise_note(_block([5.0] * 9, 0.0, 2.0)).startswith("host too noisy")
 
 
-def test_processes_that_disagree_beyond_2x_and_their_intervals_are_suspicious():
+def test_processes_that_disagree_beyond_2x_and_their_intervals_are_noted():
     from kernelcraft.judge.timing import inconsistent
     fast, slow = _block([50.0] * 9, 45.0, 55.0), _block([0.12] * 9, 0.11, 0.13)
     assert "differs between the candidate's own processes" in inconsistent([fast, slow, fast])
