@@ -13,8 +13,8 @@ Design decisions
   `compile:max-autotune-no-cudagraphs` + `cudagraph` is the compiled function replayed as one graph: the
   composition for launch-bound networks.
 - Composition is proposed, not only discovered: each round first offers the composite recipe (when untried
-  and valid), built greedily from every applicable rewrite (largest prior first), then `compile:default`,
-  then `cudagraph` (GPU), keeping each token only if the recipe stays valid. In the first round its estimate
+  and valid): the largest rendered set of rewrites, then `compile:default`, then `cudagraph` (GPU), each
+  kept only if the recipe stays valid. In the first round its estimate
   is the sum of its tokens' effects, so it ranks with the single tokens by the same additive model: with a
   budget of 3 on a GPU the first round is the two baselines and compile+graph when no rewrite applies, else
   the composite, the strongest rewrite alone (what survives if compile or capture fails) and
@@ -271,14 +271,14 @@ class RecipesPolicy:
     def composite(self, usable: list[str], ctx: Context) -> frozenset | None:
         """Every applicable rewrite, then compile:default, then cudagraph, each kept only if the recipe stays
         valid (module docstring); None when that is fewer than two tokens."""
-        rewrites = sorted((t for t in usable if t.startswith("rewrite:")), key=lambda t: (-PRIORS[ctx.device.kind][t], t))
+        prior = PRIORS[ctx.device.kind]
         compiled = "compile:default" in usable
-        order = [t for t in rewrites if not (compiled and t == "rewrite:inplace")]
-        order += [t for t in ("compile:default", "cudagraph") if t in usable]
-        every = frozenset(t for t in order if t.startswith("rewrite:"))
-        recipe = every if every and self.valid(every, ctx) else frozenset()  # not every subset is rendered
-        for t in order:
-            if t not in recipe and self.valid(recipe | {t}, ctx):
+        subsets = [frozenset(f"rewrite:{r}" for r in key.split("+")) for key in self.analysis(ctx).variants if key]
+        subsets = [s for s in subsets if s <= set(usable) and not (compiled and "rewrite:inplace" in s)
+                   and self.valid(s, ctx)]  # rendered variants only: not every subset is one (rewrite.py)
+        recipe = max(subsets, key=lambda s: (len(s), sum(prior[t] for t in s), sorted(s)), default=frozenset())
+        for t in ("compile:default", "cudagraph"):
+            if t in usable and self.valid(recipe | {t}, ctx):
                 recipe = recipe | {t}
         return recipe if len(recipe) >= 2 else None
 

@@ -13,7 +13,8 @@ Design decisions
 - Output is source, not objects: the rewritten `forward` from `Graph.python_code`, plus the lines that
   bind the names it needs. The generated candidate is standalone Python a person can read and diff.
 - A rule applies when it changes the graph alone, or after the applicable rules before it in
-  `RULE_ORDER` ran (a simplification can expose a `reduce_linear`). With more than `MAX_FULL_SUBSETS`
+  `RULE_ORDER` ran (a simplification can expose a `reduce_linear`). A subset whose rendered forward is
+  one a smaller subset (or the reference) already has gets no variant: it would be the same candidate. With more than `MAX_FULL_SUBSETS`
   applicable rules not every subset is rendered (2^n traces): singletons, all, and all-but-one.
 - The rules themselves live in `fxrules` and `simplify`; the Triton elementwise fusion in `tritonfuse`.
 """
@@ -270,7 +271,11 @@ def run_analysis(source: str) -> dict:
         result["tunable"] = []
     applicable = applicable_rules(model, inputs, base=gm)
     result["rules"] = applicable
-    for subset in rule_subsets(applicable):
+    try:
+        seen = {render_graph(_copy(gm), model)[1]}  # rendered forwards so far, the reference's first
+    except Exception:
+        seen = set()
+    for subset in rule_subsets(applicable):  # smaller subsets first
         gm_v = _copy(gm)
         try:
             for rule in subset:
@@ -281,6 +286,9 @@ def run_analysis(source: str) -> dict:
             variant = {"prelude": prelude, "code": code, "triton": None}
         except Exception:
             continue
+        if subset and code in seen:
+            continue  # a rule that changes nothing without another (reduce_linear before a sink): no new candidate
+        seen.add(code)
         result["variants"][variant_key(subset)] = variant
         try:  # a region Triton cannot fuse costs the triton recipe only, never the plain rewrite
             fused = tritonfuse.fuse(gm_v) if inputs is not None else None
