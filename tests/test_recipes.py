@@ -64,6 +64,7 @@ def test_rules_found(analyses):
     assert analyses["matmul_sum"][1].rules == ["reduce_linear", "inplace"]  # the GEMV's bias add, once it exists
     assert set(analyses["algebra"][1].rules) == {"fold_scalars", "dead_code", "inplace"}
     assert analyses["conv"][1].features["conv"] and analyses["conv"][1].features["conv2d"]
+    assert not analyses["conv"][1].features["conv3d"]
     assert not analyses["diag"][1].features["conv"]
 
 
@@ -260,6 +261,14 @@ def test_generated_candidates_pass_the_static_screen(analyses):
                    ["bf16"], ["rewrite:inplace", "compile:default"], ["compile:default", "cudagraph"]):
         src = wrappers.render(task.source, recipe, a, output_dtypes=a.features.get("output_dtypes"))
         assert screen(src, "open").findings == [], recipe
+
+
+def test_channels_last_only_for_4d_convolutions(analyses):
+    """`module.to(channels_last)` raises on a Conv3d's 5-D weight: the token is not offered there."""
+    task, a = analyses["conv"]
+    assert "channels_last" in RecipesPolicy(analysis=a).tokens(_ctx(task, CPU, []))
+    a3 = rewrite.Analysis(traced=True, features={**a.features, "conv3d": True}, variants=a.variants, rules=a.rules)
+    assert "channels_last" not in RecipesPolicy(analysis=a3).tokens(_ctx(task, CPU, []))
 
 
 def test_policy_registry():

@@ -122,6 +122,8 @@ class RecipesPolicy:
                 continue
             if t in CONV_ONLY and not a.features.get("conv"):
                 continue
+            if t == "channels_last" and (not a.features.get("conv2d") or a.features.get("conv3d")):
+                continue  # 4-D only: `module.to(channels_last)` raises on a Conv3d's 5-D weight
             if t == "triton" and not any(v.get("triton") for v in a.variants.values()):
                 continue
             if any(t == s or t.startswith(s.rstrip(":") + ":") for s in self.skip):

@@ -200,6 +200,7 @@ def _features(model, gm, inputs) -> dict:
     feats = {
         "conv": any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in mods),
         "conv2d": any(isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) for m in mods),
+        "conv3d": any(isinstance(m, (torch.nn.Conv3d, torch.nn.ConvTranspose3d)) for m in mods),
         "n_params": sum(p.numel() for p in model.parameters()),
         "input_ranks": [i.dim() if isinstance(i, torch.Tensor) else None for i in inputs] if inputs else None,
         "input_dtypes": [str(i.dtype) if isinstance(i, torch.Tensor) else None for i in inputs] if inputs else None,
