@@ -1,6 +1,7 @@
-"""The simplification rules (`search/recipes/simplify.py`, `reductions.py`, `reduce_linear` on x @ W.T): each one
-fires on the pattern it is for, leaves the near misses alone, and the rewritten graph computes the reference's
-values (run here on real CPU tensors); the whole pipeline on a level-2-style fixture, rendered and judged."""
+"""The simplification rules (`search/recipes/simplify.py`, `reductions.py`, `activations.py`, `reduce_linear`
+on x @ W.T): each one fires on the pattern it is for, leaves the near misses alone, and the rewritten graph
+computes the reference's values (run here on real CPU tensors); the whole pipeline on a level-2-style
+fixture, rendered and judged."""
 from __future__ import annotations
 
 import pytest

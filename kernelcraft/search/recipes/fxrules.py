@@ -15,7 +15,8 @@ Design decisions
   removal of unused results; `inplace` elementwise ops on fresh intermediates done in place.
   Inference-only, like the harness (in-place ops can break autograd).
 - More rules (identities, clamp chains, size-1 reductions, sinking pointwise ops, composite activations)
-  live in `simplify`; `rewrite.RULE_ORDER` runs those first, so that they expose work for these.
+  live in `simplify`, `reductions` and `activations`; `rewrite.RULE_ORDER` runs those first, so that they
+  expose work for these.
 """
 from __future__ import annotations
 
