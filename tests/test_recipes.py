@@ -263,6 +263,18 @@ def test_generated_candidates_pass_the_static_screen(analyses):
         assert screen(src, "open").findings == [], recipe
 
 
+def test_composite_on_a_conv_net(analyses):
+    task, a = analyses["conv"]
+    pol = RecipesPolicy(analysis=a)
+    rewrites = {f"rewrite:{r}" for r in max((k for k in a.variants if k), key=lambda k: len(k.split("+")),
+                                            default="").split("+") if r}
+    gpu = pol.composite(pol.tokens(_ctx(task, GPU, [])), _ctx(task, GPU, []))
+    assert gpu == {"compile:default", "cudagraph", "channels_last"} | (rewrites - {"rewrite:inplace"})
+    no_compile = RecipesPolicy(analysis=a, skip="compile")
+    cpu = no_compile.composite(no_compile.tokens(_ctx(task, CPU, [])), _ctx(task, CPU, []))
+    assert cpu == {"channels_last"} | rewrites
+
+
 def test_channels_last_only_for_4d_convolutions(analyses):
     """`module.to(channels_last)` raises on a Conv3d's 5-D weight: the token is not offered there."""
     task, a = analyses["conv"]

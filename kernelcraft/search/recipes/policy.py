@@ -13,8 +13,9 @@ Design decisions
   `compile:max-autotune-no-cudagraphs` + `cudagraph` is the compiled function replayed as one graph: the
   composition for launch-bound networks.
 - Composition is proposed, not only discovered: each round first offers the composite recipe (when untried
-  and valid): the largest rendered set of rewrites, then `compile:default`, then `cudagraph` (GPU), each
-  kept only if the recipe stays valid. In the first round its estimate
+  and valid): the largest rendered set of rewrites, then `compile:default`, then `cudagraph` (GPU), then
+  `channels_last` (2-D conv nets: channels_last + compile was the best recipe on the H100's conv task,
+  BENCHMARKS.md issue 4), each kept only if the recipe stays valid. In the first round its estimate
   is the sum of its tokens' effects, so it ranks with the single tokens by the same additive model: with a
   budget of 3 on a GPU the first round is the two baselines and compile+graph when no rewrite applies, else
   the composite, the strongest rewrite alone (what survives if compile or capture fails) and
@@ -271,15 +272,15 @@ class RecipesPolicy:
         return chosen
 
     def composite(self, usable: list[str], ctx: Context) -> frozenset | None:
-        """Every applicable rewrite, then compile:default, then cudagraph, each kept only if the recipe stays
-        valid (module docstring); None when that is fewer than two tokens."""
+        """The largest rendered rewrite set, then compile:default, cudagraph and (2-D conv nets) channels_last, each
+        kept only if the recipe stays valid (module docstring); None when that is fewer than two tokens."""
         prior = PRIORS[ctx.device.kind]
         compiled = "compile:default" in usable
         subsets = [frozenset(f"rewrite:{r}" for r in key.split("+")) for key in self.analysis(ctx).variants if key]
         subsets = [s for s in subsets if s <= set(usable) and not (compiled and "rewrite:inplace" in s)
                    and self.valid(s, ctx)]  # rendered variants only: not every subset is one (rewrite.py)
         recipe = max(subsets, key=lambda s: (len(s), sum(prior[t] for t in s), sorted(s)), default=frozenset())
-        for t in ("compile:default", "cudagraph"):
+        for t in ("compile:default", "cudagraph", "channels_last"):
             if t in usable and self.valid(recipe | {t}, ctx):
                 recipe = recipe | {t}
         return recipe if len(recipe) >= 2 else None
