@@ -19,3 +19,31 @@ def test_worker_phases_reports_each_harness_step(tmp_path):
     assert "rep 0: correct" in out, out
     for step in ("Evaluation._check", "Evaluation._time", "SideProc.timed", "isolation.freeze", "worker.compare_outputs"):
         assert step in out, (step, out)
+
+
+def _script(tmp_path, name, *args):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path, env=env)
+
+
+def test_rule_coverage_and_render_recipes_on_a_kernelbench_layout(tmp_path):
+    import json
+    import shutil
+
+    d = tmp_path / "level2"
+    d.mkdir()
+    shutil.copy(ROOT / "tests" / "fixtures" / "tasks" / "simplify_chain.py", d / "1_Chain.py")
+    shutil.copy(ROOT / "tests" / "fixtures" / "tasks" / "diag_matmul_1024.py", d / "2_Diag.py")
+    r = _script(tmp_path, "rule_coverage.py", str(d), "--json", str(tmp_path / "cov.json"), "--markdown")
+    assert r.returncode == 0, r.stderr[-2000:]
+    level = json.loads((tmp_path / "cov.json").read_text())["levels"]["level2"]
+    assert (level["tasks"], level["traced"], level["any_rewrite"]) == (2, 2, 2)
+    assert level["rules"]["reduce_linear"] == ["1"] and level["rules"]["diag_matmul"] == ["2"]
+    assert level["rules"]["size1_reduce"] == ["1"] and "| `sink_pointwise` | 1 | 1 |" in r.stdout
+    r = _script(tmp_path, "render_recipes.py", str(d), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    composite = (tmp_path / "out" / "level2" / "composite" / "1_Chain.py").read_text()
+    assert "_KcCudaGraph(torch.compile(self._kc_inner" in composite and "rewrites: " in composite
+    rows = [json.loads(x) for x in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
+    assert [len(x["round"]) for x in rows] == [3, 3] and all(x["error"] is None for x in rows)

@@ -29,6 +29,7 @@ def conv():
     ["channels_last", "cudnn_benchmark"],
     pytest.param(["compile:default"], marks=pytest.mark.slow),  # an inductor compile each: tens of seconds
     pytest.param(["compile:reduce-overhead"], marks=pytest.mark.slow),
+    pytest.param(["compile:default", "cudagraph"], marks=pytest.mark.slow),  # compiled, then captured as one graph
 ], ids=lambda r: "+".join(r))
 def test_gpu_recipe_is_correct(conv, recipe, cache_dir):
     task, a = conv
@@ -36,6 +37,20 @@ def test_gpu_recipe_is_correct(conv, recipe, cache_dir):
     v = evaluate(task, src, device="cuda", time_budget_s=0.5)  # plumbing: correct and timed, not how fast
     assert v.status == "correct", (recipe, v.reasons, v.message)
     assert v.speedup and v.speedup > 0
+
+
+def test_simplification_rules_on_gpu(cache_dir):
+    """Every simplification rule at once (tests/fixtures/tasks/simplify_chain.py), eager and CUDA-graph replayed."""
+    from conftest import FIXTURES
+    task = load_task(FIXTURES / "tasks" / "simplify_chain.py")
+    a = rewrite.analyze(task.source)
+    largest = max((k for k in a.variants if k), key=lambda k: len(k.split("+")))  # every rule that renders together
+    rules = [f"rewrite:{r}" for r in largest.split("+")]
+    assert {"rewrite:size1_reduce", "rewrite:sink_pointwise", "rewrite:reduce_linear"} <= set(rules)
+    for recipe in (rules, rules + ["cudagraph"]):
+        src = render.render(task.source, recipe, a)
+        v = evaluate(task, src, device="cuda", time_budget_s=0.5, remeasure_above=None)
+        assert v.status == "correct", (recipe, v.reasons, v.message)
 
 
 def test_triton_fusion_on_an_elementwise_chain(cache_dir):

@@ -1,3 +1,3 @@
 """The offline `recipes` policy: `policy` proposes recipes (technique tokens), `render` turns a recipe
-and the reference into ModelNew source, `rewrite`/`fxrules` are the FX algebraic rewrites and
-`tritonfuse` the Triton elementwise fusion."""
+and the reference into ModelNew source, `rewrite` traces the reference and applies the FX algebraic rewrites
+(`fxrules`, `simplify`, `reductions`, `activations`) and `tritonfuse` the Triton elementwise fusion."""

@@ -9,10 +9,14 @@ Design decisions
   merging them would change results); `inplace` only overwrites fresh, single-use intermediates of an
   allow-listed op (never an input, a parameter, or a view of either).
 - Rules: `diag_matmul` diag(d) @ B -> d[:, None] * B (and B @ diag(d), diag_embed); `reduce_linear` a sum
-  or mean over the output features of a linear map -> a GEMV with the summed weight; `fold_scalars`
+  or mean over the output features of a linear map (nn.Linear, x @ W, x @ W.T) -> a GEMV with the summed
+  weight; `fold_scalars`
   chains of scalar * / + / - / ÷ -> one multiply-add; `dead_code` common-subexpression elimination and
   removal of unused results; `inplace` elementwise ops on fresh intermediates done in place.
   Inference-only, like the harness (in-place ops can break autograd).
+- More rules (identities, clamp chains, size-1 reductions, sinking pointwise ops, composite activations)
+  live in `simplify`, `reductions` and `activations`; `rewrite.RULE_ORDER` runs those first, so that they
+  expose work for these.
 """
 from __future__ import annotations
 
@@ -145,6 +149,9 @@ def rule_reduce_linear(gm) -> bool:
                   and len(_shape(lin.args[1])) == 2):
                 x, b = lin.args[0], None
                 wr = g.call_method(kind, (lin.args[1], 1))
+            elif _fn(lin, operator.matmul, torch.matmul, torch.mm) and _transposed_weight(lin.args[1]) is not None:
+                x, b = lin.args[0], None  # x @ W.T: reduce W over its rows
+                wr = g.call_method(kind, (_transposed_weight(lin.args[1]), 0))
             else:
                 continue
             y = g.call_function(torch.matmul, (x, wr))
@@ -153,9 +160,29 @@ def rule_reduce_linear(gm) -> bool:
             if keep:
                 y = g.call_method("unsqueeze", (y, -1))
         _replace(g, n, y)
+        wt = lin.args[1] if lin.op != "call_module" else None
         g.erase_node(lin)
+        if wt is not None and wt.op != "get_attr" and not wt.users:
+            g.erase_node(wt)
         changed = True
     return changed
+
+
+def _transposed_weight(n):
+    """W when n is W.T, W.t() or W.transpose(0, 1) of a 2-D parameter/buffer W, else None."""
+    torch = _torch()
+    if not hasattr(n, "op") or not n.args or not hasattr(n.args[0], "op") or n.args[0].op != "get_attr":
+        return None
+    w = n.args[0]
+    if _shape(w) is None or len(_shape(w)) != 2:
+        return None
+    if (_fn(n, getattr) and n.args[1:] == ("T",)) or ((_meth(n, "t") or _fn(n, torch.t)) and len(n.args) == 1):
+        return w
+    if (_meth(n, "transpose") or _fn(n, torch.transpose)) and len(n.args) == 3 \
+            and {n.args[1] % 2 if isinstance(n.args[1], int) else None,
+                 n.args[2] % 2 if isinstance(n.args[2], int) else None} == {0, 1}:
+        return w
+    return None
 
 
 def _affine(n):

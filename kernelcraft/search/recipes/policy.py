@@ -7,8 +7,20 @@ Design decisions
   which the evaluator rejects as tampering whatever the candidate restores. `recipes.render.render` turns a
   recipe into real `ModelNew` source. Only tokens that apply are offered: rewrites that change this
   reference's graph, conv-only tokens for conv nets, GPU-only tokens (CUDA graphs, reduce-overhead,
-  max-autotune, Triton, cudnn) on GPUs. Exclusions: one compile mode at most; compile excludes CUDA-graph
-  capture and Triton fusion (the compiler does both itself: those recipes are for the eager path).
+  max-autotune, Triton, cudnn) on GPUs. Exclusions: one compile mode at most; compile excludes Triton
+  fusion (the compiler fuses itself) and, for the modes that capture CUDA graphs themselves
+  (reduce-overhead, max-autotune), our CUDA-graph capture. `compile:default` or
+  `compile:max-autotune-no-cudagraphs` + `cudagraph` is the compiled function replayed as one graph: the
+  composition for launch-bound networks.
+- Composition is proposed, not only discovered: each round first offers the composite recipe (when untried
+  and valid): the largest rendered set of rewrites, then `compile:default`, then `cudagraph` (GPU), then
+  `channels_last` (2-D conv nets: channels_last + compile was the best recipe on the H100's conv task,
+  BENCHMARKS.md issue 4), each kept only if the recipe stays valid. In the first round its estimate
+  is the sum of its tokens' effects, so it ranks with the single tokens by the same additive model: with a
+  budget of 3 on a GPU the first round is the two baselines and compile+graph when no rewrite applies, else
+  the composite, the strongest rewrite alone (what survives if compile or capture fails) and
+  `compile:default`. `rewrite:inplace` is left out when the recipe compiles (the compiler re-functionalises
+  in-place ops: no gain, only risk).
 - `tuned` (GPU, alone): when the reference is one tunable template instance (`tunematch`: GEMM +
   epilogue, row softmax/norm), the forward becomes that Triton kernel with the configuration
   `tunable.lookup_config` finds — one `kernelcraft tune` recorded for this kernel and shape (or the
@@ -50,13 +62,17 @@ CONV_ONLY = {"channels_last", "cudnn_benchmark"}
 BASELINES = {"cuda": ["compile:default", "cudagraph"], "cpu": ["compile:default"]}
 
 # Prior guesses of ln(speedup) of each token alone, by device kind.
+GRAPH_SAFE_MODES = {"compile:default", "compile:max-autotune-no-cudagraphs"}  # compose with `cudagraph`
+SIMPLIFY_PRIORS = {"rewrite:size1_reduce": 0.3, "rewrite:sink_pointwise": 0.2, "rewrite:clamp_chain": 0.15,
+                   "rewrite:fuse_activation": 0.15, "rewrite:identities": 0.1}
+
 PRIORS = {
-    "cuda": {"rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0, "rewrite:dead_code": 0.3,
+    "cuda": {**SIMPLIFY_PRIORS, "rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0, "rewrite:dead_code": 0.3,
              "rewrite:fold_scalars": 0.2, "rewrite:inplace": 0.05, "triton": 0.25, "compile:default": 0.3,
              "compile:max-autotune-no-cudagraphs": 0.3, "compile:max-autotune": 0.35,
              "compile:reduce-overhead": 0.4, "cudagraph": 0.3, "channels_last": 0.1, "cudnn_benchmark": 0.1,
              "bf16": 0.6, "tuned": 0.3},
-    "cpu": {"rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0, "rewrite:dead_code": 0.3,
+    "cpu": {**SIMPLIFY_PRIORS, "rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0, "rewrite:dead_code": 0.3,
             "rewrite:fold_scalars": 0.15, "rewrite:inplace": 0.05, "channels_last": 0.1, "compile:default": 0.08,
             "compile:max-autotune-no-cudagraphs": 0.04, "bf16": 0.0},
 }
@@ -107,6 +123,8 @@ class RecipesPolicy:
                 continue
             if t in CONV_ONLY and not a.features.get("conv"):
                 continue
+            if t == "channels_last" and (not a.features.get("conv2d") or a.features.get("conv3d")):
+                continue  # 4-D only: `module.to(channels_last)` raises on a Conv3d's 5-D weight
             if t == "triton" and not any(v.get("triton") for v in a.variants.values()):
                 continue
             if any(t == s or t.startswith(s.rstrip(":") + ":") for s in self.skip):
@@ -122,8 +140,10 @@ class RecipesPolicy:
         if "tuned" in recipe:  # the whole forward is one tuned Triton kernel: nothing composes with it
             return len(recipe) == 1 and bool(a.tunable)
         modes = [t for t in recipe if t.startswith("compile:")]
-        if len(modes) > 1 or (modes and ("cudagraph" in recipe or "triton" in recipe)):
-            return False  # the compiler captures graphs and fuses elementwise ops itself
+        if len(modes) > 1 or (modes and "triton" in recipe):
+            return False  # the compiler fuses elementwise ops itself
+        if modes and "cudagraph" in recipe and modes[0] not in GRAPH_SAFE_MODES:
+            return False  # this mode captures CUDA graphs itself
         rules = [t.split(":", 1)[1] for t in recipe if t.startswith("rewrite:")]
         if rules or "triton" in recipe:
             v = a.variant(rules)
@@ -201,12 +221,18 @@ class RecipesPolicy:
             return True
 
         scored = [row for row in seen.values() if row.correct]
-        if not scored:  # first round (or nothing worked yet): single tokens, baselines first
+        composite = self.composite(usable, ctx)
+        if not scored:  # first round (or nothing worked yet): the composite and single tokens, baselines first
             bonus = {t: BASELINE_BONUS for t in BASELINES[ctx.device.kind]}
-            for t in sorted(usable, key=lambda t: (-(effect[t] + bonus.get(t, 0.0)), t)):
+            seeds = [(frozenset([t]), effect[t] + bonus.get(t, 0.0), "seed") for t in usable]
+            if composite is not None:
+                seeds.append((composite, sum(effect[t] for t in composite), "compose"))
+            for recipe, _, op in sorted(seeds, key=lambda c: (-c[1], sorted(c[0]))):
                 if len(chosen) >= ctx.k:
                     break
-                offer(frozenset([t]), [], "seed")
+                offer(recipe, [], op)
+        elif composite is not None and len(chosen) < ctx.k:  # e.g. baselines measured elsewhere: compose now
+            offer(composite, [], "compose")
         credit = {t: 0.0 for t in usable}
         attempts = 0
         while len(chosen) < ctx.k and attempts < 4 * ctx.k and scored:
@@ -245,6 +271,20 @@ class RecipesPolicy:
                 offer(recipe, parents, "explore")
         return chosen
 
+    def composite(self, usable: list[str], ctx: Context) -> frozenset | None:
+        """The largest rendered rewrite set, then compile:default, cudagraph and (2-D conv nets) channels_last, each
+        kept only if the recipe stays valid (module docstring); None when that is fewer than two tokens."""
+        prior = PRIORS[ctx.device.kind]
+        compiled = "compile:default" in usable
+        subsets = [frozenset(f"rewrite:{r}" for r in key.split("+")) for key in self.analysis(ctx).variants if key]
+        subsets = [s for s in subsets if s <= set(usable) and not (compiled and "rewrite:inplace" in s)
+                   and self.valid(s, ctx)]  # rendered variants only: not every subset is one (rewrite.py)
+        recipe = max(subsets, key=lambda s: (len(s), sum(prior[t] for t in s), sorted(s)), default=frozenset())
+        for t in ("compile:default", "cudagraph", "channels_last"):
+            if t in usable and self.valid(recipe | {t}, ctx):
+                recipe = recipe | {t}
+        return recipe if len(recipe) >= 2 else None
+
     def _children(self, a: frozenset, b: frozenset | None, usable: list[str], ctx: Context):
         out = [(a | {t}, "extend") for t in usable if t not in a]
         if b is not None:
@@ -252,7 +292,7 @@ class RecipesPolicy:
             modes = [t for t in merged if t.startswith("compile:")]
             if len(modes) > 1:  # conflicting compile modes: keep the faster exemplar's
                 merged -= set(m for m in modes if m not in a)
-            if "cudagraph" in merged and any(t.startswith("compile:") for t in merged):
+            if "cudagraph" in merged and any(t.startswith("compile:") and t not in GRAPH_SAFE_MODES for t in merged):
                 merged -= {"cudagraph"} if "cudagraph" not in a else {t for t in merged if t.startswith("compile:")}
             out.append((frozenset(merged), "combine"))
         mode = next((t for t in a if t.startswith("compile:")), None)

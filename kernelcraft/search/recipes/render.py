@@ -6,8 +6,10 @@ Design decisions
   created by the same code in the same order and the worker's seeding gives identical weights. The
   subclass keeps the reference's constructor and forward signatures (positional names, defaults).
 - Layers compose from the inside out: the body (the reference forward, or an FX-rewritten forward from
-  `rewrite`, optionally with Triton-fused elementwise regions) -> `torch.compile` or CUDA-graph replay
-  -> memory format / backend flags / autocast around the call.
+  `rewrite`, optionally with Triton-fused elementwise regions) -> `torch.compile` and/or CUDA-graph replay
+  (both: the compiled function is captured, after its warm-up calls compiled it, and replayed as one
+  graph; only for compile modes that do not capture graphs themselves) -> memory format / backend flags /
+  autocast around the call.
 - Backend flags a recipe changes (`cudnn.benchmark`, TF32) are set for the duration of the call and
   restored in `finally`: the candidate never leaves process-wide state changed behind it.
 - The manual CUDA graph copies fresh inputs into static buffers, replays, and returns a *clone* of the
@@ -160,7 +162,9 @@ def render(task_source: str, recipe, analysis=None, *, output_dtypes: list[str] 
     init = ["    def __init__(self, *args, **kwargs):", "        super().__init__(*args, **kwargs)"]
     if "channels_last" in recipe:
         init.append("        self.to(memory_format=torch.channels_last)")
-    if mode:
+    if mode and "cudagraph" in recipe:  # compiled kernels replayed as one graph: no per-kernel launches
+        init.append(f"        self._kc_run = _KcCudaGraph(torch.compile(self._kc_inner, mode={mode!r}, dynamic=False))")
+    elif mode:
         init.append(f"        self._kc_run = torch.compile(self._kc_inner, mode={mode!r}, dynamic=False)")
     elif "cudagraph" in recipe:
         init.append("        self._kc_run = _KcCudaGraph(self._kc_inner)")

@@ -12,7 +12,11 @@ Design decisions
   tracing again.
 - Output is source, not objects: the rewritten `forward` from `Graph.python_code`, plus the lines that
   bind the names it needs. The generated candidate is standalone Python a person can read and diff.
-- The rules themselves live in `fxrules`; the Triton elementwise fusion in `tritonfuse`.
+- A rule applies when it changes the graph alone, or after the applicable rules before it in
+  `RULE_ORDER` ran (a simplification can expose a `reduce_linear`). A subset whose rendered forward is
+  one a smaller subset (or the reference) already has gets no variant: it would be the same candidate. With more than `MAX_FULL_SUBSETS`
+  applicable rules not every subset is rendered (2^n traces): singletons, all, and all-but-one.
+- The rules themselves live in `fxrules`, `simplify`, `reductions` and `activations`; the Triton elementwise fusion in `tritonfuse`.
 """
 from __future__ import annotations
 
@@ -25,8 +29,13 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from kernelcraft.search.recipes import tritonfuse, tunematch
-from kernelcraft.search.recipes.fxrules import RULE_ORDER, RULES, _dtype, _torch
+from kernelcraft.search.recipes import activations, fxrules, reductions, simplify, tritonfuse, tunematch
+from kernelcraft.search.recipes.fxrules import _dtype, _torch
+
+# simplifications first: they expose work for the others (sum(x @ W.T / 2) -> sum(x @ W.T) / 2 -> a GEMV)
+RULE_ORDER = ("identities", "clamp_chain", "size1_reduce", "sink_pointwise", "fuse_activation") + fxrules.RULE_ORDER
+RULES = {**simplify.RULES, **reductions.RULES, **activations.RULES, **fxrules.RULES}
+MAX_FULL_SUBSETS = 5  # more applicable rules than this: render singletons, all, and all-but-one only
 
 REF_MODULE = "kc_reference"
 
@@ -116,6 +125,13 @@ def _trace(model, inputs):
     return gm
 
 
+def _copy(gm):
+    """A fresh graph over the same modules, shapes included (cheaper than tracing and propagating again)."""
+    import copy
+
+    return _torch().fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
 def _reprop(gm, inputs) -> None:
     gm.recompile()
     _propagate(gm, inputs)
@@ -184,6 +200,7 @@ def _features(model, gm, inputs) -> dict:
     feats = {
         "conv": any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in mods),
         "conv2d": any(isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) for m in mods),
+        "conv3d": any(isinstance(m, (torch.nn.Conv3d, torch.nn.ConvTranspose3d)) for m in mods),
         "n_params": sum(p.numel() for p in model.parameters()),
         "input_ranks": [i.dim() if isinstance(i, torch.Tensor) else None for i in inputs] if inputs else None,
         "input_dtypes": [str(i.dtype) if isinstance(i, torch.Tensor) else None for i in inputs] if inputs else None,
@@ -201,6 +218,42 @@ def _features(model, gm, inputs) -> dict:
     return feats
 
 
+def applicable_rules(model, inputs, base=None) -> list[str]:
+    """Rules that change this graph alone or after the applicable ones before them (see module docstring).
+    `base`: the reference already traced and shape-propagated (copied, never changed)."""
+    base = base if base is not None else _trace(model, inputs)
+    alone = set()
+    for rule in RULE_ORDER:
+        trial = _copy(base)
+        try:
+            if RULES[rule](trial):
+                trial.graph.lint()
+                alone.add(rule)
+        except Exception:
+            continue
+    chained, gm = set(), _copy(base)
+    for rule in RULE_ORDER:
+        try:
+            if RULES[rule](gm):
+                gm.graph.lint()
+                _reprop(gm, inputs)
+                chained.add(rule)
+        except Exception:
+            break
+    return [r for r in RULE_ORDER if r in alone | chained]
+
+
+def rule_subsets(applicable: list[str]):
+    if len(applicable) <= MAX_FULL_SUBSETS:
+        for r in range(len(applicable) + 1):
+            yield from itertools.combinations(applicable, r)
+        return
+    yield ()
+    yield from ((r,) for r in applicable)
+    yield from (tuple(x for x in applicable if x != r) for r in applicable)
+    yield tuple(applicable)
+
+
 def run_analysis(source: str) -> dict:
     torch = _torch()
 
@@ -214,37 +267,38 @@ def run_analysis(source: str) -> dict:
                     features=_features(model, None, inputs))
     result = dict(traced=True, error=None, rules=[], features=_features(model, gm, inputs), variants={})
     try:
-        result["tunable"] = [m.to_json() for m in tunematch.match(gm, model)]
+        result["tunable"] = [m.to_json() for m in tunematch.match(_copy(gm), model)]
     except Exception:  # a pattern the matcher cannot read is no match, never a failed analysis
         result["tunable"] = []
-    applicable = []
-    for rule in RULE_ORDER:
-        trial = _trace(model, inputs)
-        try:
-            if RULES[rule](trial):
-                trial.graph.lint()
-                applicable.append(rule)
-        except Exception:
-            continue
+    applicable = applicable_rules(model, inputs, base=gm)
     result["rules"] = applicable
-    for r in range(len(applicable) + 1):
-        for subset in itertools.combinations(applicable, r):
-            gm_v = _trace(model, inputs)
-            try:
-                for rule in subset:
-                    RULES[rule](gm_v)
+    try:
+        seen = {render_graph(_copy(gm), model)[1]}  # rendered forwards so far, the reference's first
+    except Exception:
+        seen = set()
+    for subset in rule_subsets(applicable):  # smaller subsets first
+        gm_v = _copy(gm)
+        try:
+            for rule in subset:
+                if RULES[rule](gm_v):
                     gm_v.graph.lint()
                     _reprop(gm_v, inputs)
-                prelude, code = render_graph(gm_v, model) if subset else ("", "")
-                variant = {"prelude": prelude, "code": code, "triton": None}
-                fused = tritonfuse.fuse(gm_v) if inputs is not None else None
-                if fused is not None:
-                    t_prelude, t_code = render_graph(gm_v, model)
-                    variant["triton"] = {"prelude": t_prelude, "code": t_code, "kernels": fused.source,
-                                         "regions": fused.regions}
-            except Exception:
-                continue
-            result["variants"][variant_key(subset)] = variant
+            prelude, code = render_graph(gm_v, model) if subset else ("", "")
+            variant = {"prelude": prelude, "code": code, "triton": None}
+        except Exception:
+            continue
+        if subset and code in seen:
+            continue  # a rule that changes nothing without another (reduce_linear before a sink): no new candidate
+        seen.add(code)
+        result["variants"][variant_key(subset)] = variant
+        try:  # a region Triton cannot fuse costs the triton recipe only, never the plain rewrite
+            fused = tritonfuse.fuse(gm_v) if inputs is not None else None
+            if fused is not None:
+                t_prelude, t_code = render_graph(gm_v, model)
+                variant["triton"] = {"prelude": t_prelude, "code": t_code, "kernels": fused.source,
+                                     "regions": fused.regions}
+        except Exception:
+            pass
     return result
 
 

@@ -193,15 +193,17 @@ def fuse(gm) -> Fused | None:
     regions = [r for r in regions if len(r) >= 2]
     if not regions:
         return None
-    sources, info = [], []
+    sources, info, fused = [], [], {}  # fused: a replaced region output -> its launcher call
     for idx, members in enumerate(regions):
         src, launcher, inputs = _emit(idx, members, low)
+        inputs = [fused.get(i, i) for i in inputs]  # operands were read before earlier regions were replaced
         sources.append(src)
         out = members[-1]
         with g.inserting_before(out):
             call = g.call_function(launcher, tuple(inputs))
         call.meta["tensor_meta"] = out.meta.get("tensor_meta")
         out.replace_all_uses_with(call)
+        fused[out] = call
         for m in reversed(members):
             g.erase_node(m)
         info.append({"name": launcher.__name__, "ops": len(members), "inputs": len(inputs)})
