@@ -130,18 +130,18 @@ def test_report_draws_the_held_out_curve(tmp_path):
 
 
 CI_TASKS = ",".join(f"tiny/level1/{n}" for n in ["relu", "gelu", "softmax", "cumsum", "scale_add", "sum_reduction",
-                                                  "diag_matmul", "rmsnorm", "layernorm", "mean_reduction"])
+                                                  "diag_matmul", "rmsnorm", "layernorm"])
 
 
 @pytest.mark.slow
 def test_grpo_raises_the_held_out_reward_on_the_real_judge(tmp_path, cache_dir):
-    """Issue 18's done-when, CI-sized: ten tiny tasks judged by the real CPU judge (each (task, program) once),
-    the stand-in trained SFT -> self-training -> GRPO on seven, and the mean held-out reward over two seeds
+    """Issue 18's done-when, CI-sized: nine tiny tasks judged by the real CPU judge (each (task, program) once),
+    the stand-in trained SFT -> self-training -> GRPO on six, and the mean held-out reward over two seeds
     at the end of GRPO above where GRPO started (BENCHMARKS.md has the full run)."""
     from kernelcraft.train.ablation import experiment
     from kernelcraft.train.learn import RunSettings
 
-    s = RunSettings(budget=448, sft_steps=150, st_steps=50, eval_every=4, eval_samples=6)
+    s = RunSettings(budget=384, sft_steps=120, st_steps=40, eval_every=3, eval_samples=6)
     summary = experiment(tmp_path / "learn", tasks=CI_TASKS, seeds=2, arms=["grpo"], jobs=2, settings=s,
                          say=lambda m: None)
     row = summary["arms"]["grpo"]["reward_mean"]
@@ -151,3 +151,41 @@ def test_grpo_raises_the_held_out_reward_on_the_real_judge(tmp_path, cache_dir):
     res = json.loads((tmp_path / "learn" / "grpo" / "seed-0" / "result.json").read_text())
     assert res["curve"][0]["step"] == 0 and len(res["curve"]) >= 3
     assert (tmp_path / "learn" / "ablation.md").read_text().startswith("| arm |")
+
+
+def test_learn_cli_usage_errors(tmp_path):
+    import subprocess
+    import sys
+
+    def kc(*args):
+        return subprocess.run([sys.executable, "-m", "kernelcraft.cli", *args], capture_output=True, text=True,
+                              timeout=300)
+
+    r = kc("train", "learn", "--out", str(tmp_path / "x"), "--arms", "grpo,bogus")
+    assert r.returncode == 2 and "bogus" in r.stderr and "contrastive" in r.stderr
+    r = kc("train", "learn", "--out", str(tmp_path / "x"), "--tasks", "tiny/level1/nope_task")
+    assert r.returncode == 2 and "nope_task" in r.stderr
+
+
+def test_arm_rows_give_grpo_gain_per_seed_and_the_table(tmp_path):
+    from kernelcraft.train.ablation import arm_rows, curve_table, markdown
+
+    def res(seed, start, end):
+        pt = lambda step, r: {"step": step, "reward_mean": r, "geomean_speedup": r, "best_geomean": r,  # noqa: E731
+                              "correct_rate": 1.0}
+        return {"seed": seed, "samples": 100, "start": pt(0, start), "final": pt(8, end),
+                "curve": [pt(0, start), pt(8, end)]}
+
+    results = {"sft": [res(0, 0.8, 0.8), res(1, 0.9, 0.9)], "contrastive": [res(0, 0.7, 1.0), res(1, 0.8, 1.0)]}
+    rows = arm_rows(results)
+    assert rows["contrastive"]["reward_mean"]["gain"][0] == pytest.approx(0.25)
+    assert rows["contrastive"]["reward_mean"]["start_per_seed"] == [0.7, 0.8]
+    md = markdown({"settings": {"eval_samples": 8}, "arms": rows, "baselines": {"recipes": {"mean_ci95": [1.2, 0.0]}},
+                   "oracle_best_geomean": 1.3})
+    assert "| contrastive | 100 | 0.750 ± " in md and "| sft | 100 | — |" in md and "recipes search" in md
+    for arm, rs in results.items():
+        for r in rs:
+            d = tmp_path / arm / f"seed-{r['seed']}"
+            d.mkdir(parents=True)
+            (d / "result.json").write_text(json.dumps(r))
+    assert "| 8 | 1.000 / 1.000 |" in curve_table(tmp_path, ["contrastive"])
