@@ -129,3 +129,39 @@ def hack_cases_cmd(run_dir: Path = typer.Argument(..., help="a training run dire
                       f"{r['detail'][:120]}", highlight=False, markup=False)
     finally:
         hc.close()
+
+
+@train_app.command("learn")
+def learn_cmd(out_dir: Path = typer.Option(Path("runs/learn"), "--out", help="experiment directory"),
+              tasks: str = typer.Option("tiny", help="tiny, tiny/level1, gpu, ... or a comma list of built-in names"),
+              device: str = typer.Option("cpu", help="where the judge runs"),
+              seeds: int = typer.Option(3, min=1), arms: str = typer.Option(",".join(["sft", "selftrain", "grpo",
+                                                                                     "contrastive", "random"])),
+              budget: int = typer.Option(1024, min=32, help="judged samples per run after the SFT data"),
+              heldout_fraction: float = typer.Option(1 / 3, min=0.05, max=0.9),
+              split_seed: int = typer.Option(0),
+              skip: str = typer.Option("compile:max-autotune-no-cudagraphs", help="program words left out"),
+              eval_samples: int = typer.Option(8, min=1, help="samples per held-out task per evaluation"),
+              jobs: int = typer.Option(1, min=1, help="judge workers at once during the warm-up"),
+              trials: int = typer.Option(2, min=1), time_budget: float = typer.Option(0.2, min=0.01),
+              as_json: bool = typer.Option(False, "--json", help="print the summary as JSON (last line)")):
+    """Show that the training method learns: a stand-in policy (a small model from scratch writing programs
+    over the recipes transformations), arms x seeds on held-out tasks, against the recipes search."""
+    from kernelcraft.train.ablation import JUDGE, experiment
+    from kernelcraft.train.learn import ARMS, RunSettings
+
+    names = [a.strip() for a in arms.split(",") if a.strip()]
+    bad = [a for a in names if a not in ARMS]
+    if bad or not names:
+        usage_error(f"--arms: unknown {', '.join(bad) or '(none)'}; use {', '.join(ARMS)}")
+    settings = RunSettings(budget=budget, eval_samples=eval_samples)
+    judge = {**JUDGE, "trials": trials, "time_budget_s": time_budget}
+    say = (lambda m: console.print(m, highlight=False, markup=False)) if as_json else \
+        (lambda m: out.print(m, highlight=False, markup=False))
+    summary = _run(experiment, out_dir, tasks=tasks, device=device, seeds=seeds, arms=names,
+                   heldout_fraction=heldout_fraction, split_seed=split_seed,
+                   skip=tuple(s for s in skip.split(",") if s), jobs=jobs, judge=judge, settings=settings, say=say)
+    if as_json:
+        print_json(summary)
+    else:
+        out.print((out_dir / "ablation.md").read_text(), highlight=False, markup=False)

@@ -6,7 +6,8 @@ Design decisions
   the hack-case table), so it works for a run in progress or one that was killed.
 - One small chart per metric, x = step: SFT loss; self-training correctness per round; GRPO reward
   (smoothed and raw, mean and max), correctness rate, fast_1, KL, generation tokens/s, evaluations/min,
-  reward latency p50/p95. A metric never logged is left out rather than drawn empty.
+  reward latency p50/p95; held-out reward and geomean speedup over GRPO steps (stage `heldout`, logged by
+  `train learn`). A metric never logged is left out rather than drawn empty.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ CHARTS = [  # (title, stage, [(metric key, label)])
     ("Evaluations per minute", "grpo", [("kernelcraft/evaluations_per_min", "evaluations/min")]),
     ("Reward latency (s)", "grpo",
      [("kernelcraft/reward_latency_p50_s", "p50"), ("kernelcraft/reward_latency_p95_s", "p95")]),
+    ("Held-out reward (speedup; failures 0)", "heldout", [("reward_mean", "mean")]),
+    ("Held-out geomean speedup", "heldout", [("geomean_speedup", "per sample"), ("best_geomean", "best per task")]),
 ]
 COLORS = ["#2f6fdb", "#c2410c", "#187a3a", "#7d4e9e"]
 

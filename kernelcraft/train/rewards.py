@@ -88,6 +88,7 @@ class KernelReward:
         self.stage, self.max_batch, self.cache_size, self.retries = stage, max_batch, cache_size, retries
         self.smoother = Smoother(settings.window, settings.clip)
         self.cache: dict[tuple[str, str], Outcome] = {}
+        self._parsed_memo: dict[str, tuple] = {}  # completion text -> (code, why, normalised hash)
         self.evaluations = 0
         self.active_s = 0.0  # seconds spent waiting for the service
         self.latencies: list[float] = []
@@ -191,6 +192,17 @@ class KernelReward:
         return out
 
     # -- scoring -----------------------------------------------------------------------------------
+    def _parsed(self, comp) -> tuple[str | None, str, str | None]:
+        """(code, why, normalised hash) of a completion; remembered for text completions (a GRPO group, or a
+        small policy, repeats itself, and parsing and hashing a candidate costs more than a cached verdict)."""
+        hit = self._parsed_memo.get(comp) if isinstance(comp, str) else None
+        if hit is None:
+            code, why = extract_code(comp)
+            hit = (code, why, normalized_hash(code) if code is not None else None)
+            if isinstance(comp, str) and len(self._parsed_memo) < self.cache_size:
+                self._parsed_memo[comp] = hit
+        return hit
+
     def judge(self, tasks: list[Task], completions: list, *, step: int = 0) -> list[Outcome]:
         """Verdict-backed raw rewards (no smoothing): parse, judge once per distinct candidate, check jumps."""
         if len(tasks) != len(completions):
@@ -198,11 +210,11 @@ class KernelReward:
         outs: list[Outcome | None] = [None] * len(completions)
         todo: dict[tuple[str, str], list[int]] = {}
         for i, (task, comp) in enumerate(zip(tasks, completions)):
-            code, why = extract_code(comp)
+            code, why, h = self._parsed(comp)
             if code is None:
                 outs[i] = Outcome(raw=self.s.unparsable, status="parse_error", reason=why)
                 continue
-            key = (task.sha256, normalized_hash(code))
+            key = (task.sha256, h)
             if key in self.cache:
                 outs[i] = Outcome(**{**self.cache[key].__dict__, "evaluated": False})
             else:
@@ -212,7 +224,7 @@ class KernelReward:
             firsts = [todo[k][0] for k in keys]
             bests = {tasks[i].sha256: (self.variants.best(tasks[i]) if self.variants is not None else None)
                      for i in firsts}
-            codes = {i: extract_code(completions[i])[0] for i in firsts}
+            codes = {i: self._parsed(completions[i])[0] for i in firsts}
             verdicts = self._judge([self._item(tasks[i], codes[i]) for i in firsts])
             for k, i, v in zip(keys, firsts, verdicts):
                 o = self._settle(tasks[i], codes[i], v, bests[tasks[i].sha256], step)
