@@ -172,7 +172,9 @@ def test_pipeline_end_to_end_killed_and_resumed(run_config, service):
     assert sum(r["kernelcraft/evaluations"] for r in grpo) >= 1, grpo  # the service judged GRPO's completions
     assert all("kl" in r and "kernelcraft/reward_latency_p50_s" in r for r in grpo if r["kernelcraft/evaluations"])
     stats = Client(service, KEY).stats()
-    assert stats["service"]["evaluations"] >= 3 and stats["service"]["batches"] >= 2
+    # self-training's batch and at least one of GRPO's (how many distinct GRPO completions reach the service
+    # depends on where the first run was killed: 2 is the floor, not 3 — it read 2 once under load)
+    assert stats["service"]["evaluations"] >= 2 and stats["service"]["batches"] >= 2
     # correct variants went back into the exemplar databases (one per task)
     assert len(list((out / "exemplars").glob("*/run.db"))) == 2
 
