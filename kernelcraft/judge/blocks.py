@@ -7,21 +7,17 @@ Design decisions
   seed, lent the same arenas, and it must pass one correctness trial of its own before it is timed (a
   candidate honest only in the process the judge checked is a wrong answer, `v2_c7_later_process_differs`).
   Every timed output of every block is still compared and every input re-verified.
-- The replaced process and what it started are killed and reaped before the next is forked: its children (an
-  honest torch.compile's worker pool) are re-parented to the judge, where an audit would otherwise find them as
-  orphans the candidate detached.
+- The replaced process and what it started are killed and reaped before the next is forked
+  (`sideproc.end_candidate`, as at the end of a job): its children (an honest torch.compile's worker pool) are
+  re-parented to the judge, where an audit would otherwise find them as orphans the candidate detached.
 """
 from __future__ import annotations
-
-import os
-import signal
-import time
 
 import torch
 
 from kernelcraft.judge.compare import compare_outputs
 from kernelcraft.judge.guards import Reject
-from kernelcraft.judge.procs import children, descendants
+from kernelcraft.judge.sideproc import end_candidate
 
 
 def replace_candidate(ev, b: int, k: int, tol) -> None:
@@ -29,7 +25,7 @@ def replace_candidate(ev, b: int, k: int, tol) -> None:
     (a build-cache hit) and constructed like the first, on the same arenas, and it must pass one correctness
     trial of its own before it is timed. So the blocks see independent processes and the CI can span them."""
     old, ev.cand = ev.cand, None
-    kill_side(old, keep={ev.ref.pid, ev.forker_pid})
+    end_candidate(old, keep={ev.ref.pid, ev.forker_pid})
     ev.cand = ev.sides["candidate"] = ev.spawn_candidate()
     ev.audit.sides["candidate"] = ev.cand.pid
     ev.cand.request(ev.cand_import, phase="time")
@@ -50,35 +46,3 @@ def replace_candidate(ev, b: int, k: int, tol) -> None:
     if not cmp.ok:
         raise Reject("incorrect", cmp.reasons, f"candidate process {b + 1} of {k} (a fresh process for "
                      f"timing) failed its correctness trial: {cmp.message}")
-
-
-def kill_side(side, keep: set[int]) -> None:
-    """A replaced candidate process and everything it started, killed and reaped: its children (an honest
-    torch.compile's worker pool) are re-parented to the judge when it dies, and an audit must not find them
-    there as orphans the candidate detached."""
-    doomed = [side.pid] + descendants(side.pid)
-    try:
-        os.killpg(side.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for pid in doomed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        os.waitpid(side.pid, 0)
-    except ChildProcessError:
-        pass
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        left = [pid for pid in children(os.getpid()) if pid not in keep]
-        if not left:
-            return
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, os.WNOHANG)
-            except (ProcessLookupError, ChildProcessError, PermissionError):
-                pass
-        time.sleep(0.005)

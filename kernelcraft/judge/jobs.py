@@ -31,8 +31,7 @@ from kernelcraft.judge import isolation, side as side_mod
 from kernelcraft.judge.arena import Arena
 from kernelcraft.judge.forker import Forker
 from kernelcraft.judge.guards import Reject
-from kernelcraft.judge.procs import children, descendants
-from kernelcraft.judge.sideproc import SideProc
+from kernelcraft.judge.sideproc import SideProc, end_candidate
 from kernelcraft.judge.single import Single
 
 
@@ -143,7 +142,7 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
         ev.release()
     if getattr(ev, "cand", None) is not None:
         cand = ev.cand  # the last of the candidate's processes (`processes` > 1 replaces it between timing blocks)
-    _end_candidate(cand, keep=[p.pid for p in (ref, forker) if p is not None])
+    end_candidate(cand, keep={p.pid for p in (ref, forker) if p is not None})
     out.update(build_s=max(getattr(ev, "build_s", 0.0), cand.build_s if cand is not None else 0.0),
                worker_s=time.perf_counter() - t0,
                phase=getattr(ev, "phase", "start"))
@@ -158,27 +157,6 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
             if p is not None:
                 _kill_group(p.pid)
     return out, keep
-
-
-def _end_candidate(cand: SideProc | None, keep: list[int]) -> None:
-    """The candidate's side, and anything it left behind among the judge's children, is killed and reaped."""
-    if cand is not None:
-        _kill_group(cand.pid)
-        try:
-            os.waitpid(cand.pid, 0)
-        except ChildProcessError:
-            pass
-    for pid in children(os.getpid()):  # orphans the candidate left (double forks) were adopted by the judge
-        if pid not in keep:
-            for p in [pid] + descendants(pid):
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
 
 
 def _kill_group(pid: int) -> None:

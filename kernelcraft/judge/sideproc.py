@@ -17,11 +17,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 
 from kernelcraft.judge import isolation, side as side_mod, timing
 from kernelcraft.judge.guards import Reject
-from kernelcraft.judge.procs import describe_signal
+from kernelcraft.judge.procs import children, descendants, describe_signal
 from kernelcraft.judge.wire import Closed, JudgeEnd
 from kernelcraft.verdict import REASONS
 
@@ -156,3 +157,42 @@ def _log_tail(path: str | None = None, lines: int = 25, max_chars: int = 3000) -
         return ""
     tail = "\n".join(text.strip().splitlines()[-lines:])[-max_chars:]
     return f"\n--- worker output (tail) ---\n{tail}" if tail else ""
+
+
+def end_candidate(side: "SideProc | None", keep: set[int], wait_s: float = 2.0) -> None:
+    """A candidate side and everything it started, killed and reaped (the end of a job, or a timing block's
+    replaced process). What it started is re-parented to the judge (a child subreaper) when it dies — an honest
+    torch.compile's worker pool, or orphans a cheat detached — so the judge's children outside `keep` (its
+    reference side and forker) are killed with their descendants and reaped until none is left: a later audit
+    must not find them, and a warm judge must not carry them into the next candidate's job."""
+    if side is not None:
+        doomed = [side.pid] + descendants(side.pid)
+        try:
+            os.killpg(side.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        _kill_all(doomed)
+        try:
+            os.waitpid(side.pid, 0)
+        except ChildProcessError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = [pid for pid in children(os.getpid()) if pid not in keep]
+        if not left or time.monotonic() > deadline:
+            return
+        for pid in left:
+            _kill_all([pid] + descendants(pid))
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
