@@ -40,9 +40,8 @@ def replace_candidate(ev, b: int, k: int, tol) -> None:
     if ev.device.type == "cuda":
         torch.cuda.synchronize()
     ev._check_mutation(f"candidate process {b + 1} of {k}")
-    cmp = compare_outputs(ev._output("reference", replies["reference"].get("values", []), copy=True),
-                          ev._output("candidate", list(replies["candidate"].get("values", [])), copy=True),
-                          *tol)
+    ref_out, cand_out, _ = ev._trial_outputs(replies)
+    cmp = compare_outputs(ref_out, cand_out, *tol)
     if not cmp.ok:
         raise Reject("incorrect", cmp.reasons, f"candidate process {b + 1} of {k} (a fresh process for "
                      f"timing) failed its correctness trial: {cmp.message}")
