@@ -14,7 +14,6 @@ Design decisions
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 import re
@@ -160,7 +159,7 @@ def _evaluate_once(task, candidate, proto: Protocol, *, device: str, visible: st
                    lock_scope=lock_scope, needs_build=builds, preload=preloads(cand.source),
                    lock_path=_lock_path(root, visible))
         # a judge kept from an earlier candidate of this task (same text, device, protocol) may take this one
-        warm_key = warm.key(hashlib.sha256(task.source.encode()).hexdigest(), device, proto.key())
+        warm_key = warm.key(task.sha256, device, proto.key())
         out = runner.run_worker(job, work, root, visible, proto.timeout_s, proto.build_timeout_s, warm_key=warm_key)
         verdict = _assemble(base, out, proto.timeout_s, proto.build_timeout_s,
                             expect={"trials": proto.trials, "timing": proto.timing})
