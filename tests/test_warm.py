@@ -195,3 +195,18 @@ def test_spawned_workers_are_kept_warm_too(monkeypatch):
     assert first.status == "correct" and first.env.worker_start == "spawn", first.message
     again = _eval(TASK, MIRROR + "\n# again\n")
     assert again.status == "correct" and again.env.reference == "warm", again.message
+
+
+def test_a_judge_that_died_between_jobs_is_replaced_not_blamed(monkeypatch):
+    """A kept judge that dies after it was handed out (between the liveness check and the job) sends no word of
+    the job: the job runs again in a fresh worker, and the dead judge's channel is closed exactly once."""
+    import signal
+
+    assert _eval(TASK, MIRROR).status == "correct"
+    (idle,) = [w for ws in warm._IDLE.values() for w in ws]
+    os.killpg(idle.proc.pid, signal.SIGKILL)
+    idle.proc.wait(timeout=10)
+    monkeypatch.setattr(warm.WarmWorker, "alive", lambda self: True)  # handed out all the same
+    v = _eval(TASK, MIRROR + "\n# after the death\n")
+    assert v.status == "correct", v.message
+    assert v.env.reference == "fresh"

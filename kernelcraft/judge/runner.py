@@ -150,31 +150,32 @@ def _run(job: dict, work_dir: Path, timeout_s: float, build_timeout_s: float, wa
                 _LIVE.pop(proc.pid, None)
             return None
     _watch(out, r_fd, nonce, t_start, timeout_s, build_timeout_s)
-    kept = None
+    kept, retry = None, False
     try:
         if reuse is not None and out.result is None and not out.timed_out and not out.forged and not out.phases:
-            reuse.kill()  # died between jobs, before a word of this one: run it again in a fresh worker
-            return None
-        info = out.result.pop("warm", None) if isinstance(out.result, dict) else None
-        if (warm_key is not None and isinstance(info, dict) and info.get("kept") and not out.timed_out
-                and not out.forged):
-            pids = [int(p) for p in info.get("pids", []) if isinstance(p, int)]
-            kill_tagged(job_tag, keep=set(pids))  # what this job's candidate exec'd; never the judge's own
-            kept = warm.WarmWorker(proc, r_fd, first_tag, pids, bwrapped, out.start,
-                                   jobs=(reuse.jobs + 1) if reuse else 1)
+            retry = True  # died between jobs, before a word of this one: run it again in a fresh worker
+        else:
+            info = out.result.pop("warm", None) if isinstance(out.result, dict) else None
+            if (warm_key is not None and isinstance(info, dict) and info.get("kept") and not out.timed_out
+                    and not out.forged):
+                pids = [int(p) for p in info.get("pids", []) if isinstance(p, int)]
+                kill_tagged(job_tag, keep=set(pids))  # what this job's candidate exec'd; never the judge's own
+                kept = warm.WarmWorker(proc, r_fd, first_tag, pids, bwrapped, out.start,
+                                       jobs=(reuse.jobs + 1) if reuse else 1)
     finally:
         if kept is None:
-            if not out.timed_out and not out.forged and out.result is None:
+            if not retry and not out.timed_out and not out.forged and out.result is None:
                 try:  # the channel closed without a result: let the worker exit by itself, to see its real status
                     proc.wait(timeout=2)
                 except subprocess.TimeoutExpired:
                     pass
-            os.close(r_fd)
-            _kill_group(proc)
             kill_tagged(job_tag)  # descendants that left the process group (setsid, double fork)
-            kill_tagged(first_tag)
             if reuse is not None:
-                reuse.kill()
+                reuse.kill()  # its group, its sides' groups, its first job's tag, its channel (closed once)
+            else:
+                os.close(r_fd)
+                _kill_group(proc)
+                kill_tagged(first_tag)
         with _LIVE_LOCK:
             _LIVE.pop(proc.pid, None)
         out.returncode = proc.returncode
@@ -183,7 +184,7 @@ def _run(job: dict, work_dir: Path, timeout_s: float, build_timeout_s: float, wa
         out.log_tail = _tail(log_path)
     if kept is not None:
         warm.put(warm_key, kept)
-    return out
+    return None if retry else out
 
 
 def _watch(out: WorkerOutcome, r_fd: int, nonce: str, t_start: float, timeout_s: float,
