@@ -76,3 +76,50 @@ def test_save_load_round_trip_and_refusals(tmp_path):
         costmodel.CostModel("gemm").fit(recs[:3])
     with pytest.raises(costmodel.CostModelError, match="not trained"):
         costmodel.CostModel("rownorm").predict(KERNEL, SHAPES[0], cfgs)
+
+
+ROW = tunable.Kernel("rownorm", "float32", op="rmsnorm", weight=True)
+ROW_SHAPES = [{"rows": r, "cols": c} for r, c in [(4096, 4096), (16384, 1024), (2048, 8192)]]
+
+
+def _row_records(paired: bool, seed: int = 0) -> list[dict]:
+    """Row measurements whose times carry a per-measurement drift factor; with `paired` the reference
+    shares it (as in the paired rounds of a real table), else the reference drifts on its own."""
+    import random
+    rng = random.Random(seed)
+    out = []
+    for i, shape in enumerate(ROW_SHAPES):
+        for cfg in tunable.all_configs(ROW, shape):
+            true = costmodel.roofline_ms(ROW, shape) * (2 + cfg["num_warps"] / 8 + math.log2(cfg["BLOCK_N"]) / 10)
+            drift = math.exp(rng.gauss(0, 0.3))
+            ref = 0.5 * (drift if paired else math.exp(rng.gauss(0, 0.3)))
+            out.append({"group": f"r{i}", "kernel": ROW, "shape": shape, "config": cfg, "features": None,
+                        "ms": true * drift, "ref_ms": ref, "speedup": ref / (true * drift), "true": true})
+    return out
+
+
+def test_drift_shared_with_the_reference_is_taken_out_of_the_target_within_each_shape():
+    recs = _row_records(paired=True)
+    beta = costmodel.drift_slope(recs)
+    assert 0.9 <= beta <= 1.0
+    y = costmodel.log_targets(recs, 1.0)
+    for g in {r["group"] for r in recs}:
+        idx = [i for i, r in enumerate(recs) if r["group"] == g]
+        resid = [y[i] - math.log(recs[i]["true"]) for i in idx]
+        assert max(resid) - min(resid) < 0.01  # the drift is gone: target = true time x one constant
+        mean_y, mean_ms = sum(y[i] for i in idx) / len(idx), sum(math.log(recs[i]["ms"]) for i in idx) / len(idx)
+        assert mean_y == pytest.approx(mean_ms, abs=0.01)  # the shape's level is kept
+    # a reference that does not drift with the candidate is no evidence: no correction
+    assert costmodel.drift_slope(_row_records(paired=False)) == 0.0
+    assert costmodel.drift_slope([dict(r, ref_ms=None) for r in recs]) == 0.0  # unpaired records: raw times
+    assert costmodel.log_targets(recs, 0.0) == [math.log(r["ms"]) for r in recs]
+    assert costmodel.CostModel("rownorm", rounds=20).fit(recs).beta == beta
+
+
+def test_saved_model_keeps_its_drift_slope_and_older_files_load(tmp_path):
+    m = costmodel.CostModel("rownorm", rounds=20).fit(_row_records(paired=True))
+    assert m.beta >= 0.9 and costmodel.CostModel.load(m.save(tmp_path / "m.json")).beta == m.beta
+    d = json.loads((tmp_path / "m.json").read_text())
+    del d["beta"]  # a file written before drift correction
+    (tmp_path / "old.json").write_text(json.dumps(d))
+    assert costmodel.CostModel.load(tmp_path / "old.json").beta == 0.0

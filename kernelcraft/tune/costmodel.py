@@ -13,8 +13,19 @@ Design decisions
   compiled features (`features.FEATURE_KEYS`). The target is log(runtime / the shape's roofline
   bound): the model learns how efficient a configuration is, which carries over between sizes far
   better than absolute time does; errors are relative, as the game's rewards are.
-- Persistence is one JSON file: the kind, the feature names, the training-set size and LightGBM's model
-  text. A file made for another feature list is refused on load (`CostModelError`).
+- Measurement drift is taken out of the training target, within each shape. A table is measured in
+  paired rounds (candidate and reference interleaved); the game's score is the median per-round
+  speedup, in which the device's drift between measurements cancels. The target uses the time the
+  speedup implies, ms_c * exp(-(log(ms_c * speedup_c) - mean over the shape of the same)): the reference
+  time this measurement was paired with (ms * speedup) is divided out relative to the shape's mean, so
+  the shape's level is kept and only config-to-config drift is removed. It is weighted by `beta`, the
+  pooled within-shape slope of log ms on log ref_ms (how much of the reference's drift the
+  candidate's time shares), estimated from the training records and used only where it is clearly
+  positive (t > 2; else 0), clipped to 1. On the H100 table the row kernels' slope is 1.08 (t about
+  10: short kernels, drift is a large part of their spread); the GEMMs' 0.22 +- 0.49 (not used).
+  Records without a paired speedup train on their raw time.
+- Persistence is one JSON file: the kind, the feature names, the training-set size, `beta` and
+  LightGBM's model text. A file made for another feature list is refused on load (`CostModelError`).
 - `holdout` reports what the GEMM study reports — R² and mean relative error of runtime on shapes the
   model never saw (leave one shape out) — plus R² of log runtime and the rank correlation within each
   shape, which is what deciding "what is worth measuring" needs.
@@ -105,26 +116,74 @@ def roofline_ms(kernel: tunable.Kernel, shape: dict) -> float:
 
 def records_of(rows: list[dict]) -> list[dict]:
     """The successful measurements among recorded rows ({"shape": name, "kernel", "size", "config",
-    "features", "ok", "ms", ...}: the benchmark's table and `kernelcraft tune`'s store), as `fit` reads them."""
+    "features", "ok", "ms", "ref_ms", "speedup", ...}: the benchmark's table and `kernelcraft tune`'s
+    store), as `fit` reads them."""
     out = []
     for r in rows:
         if r.get("ok") and r.get("ms"):
             out.append({"kernel": tunable.Kernel.from_json(r["kernel"]) if isinstance(r["kernel"], dict) else r["kernel"],
                         "shape": r["size"], "config": r["config"],
-                        "features": r.get("features"), "ms": float(r["ms"]), "group": r.get("shape")})
+                        "features": r.get("features"), "ms": float(r["ms"]), "group": r.get("shape"),
+                        "ref_ms": r.get("ref_ms"), "speedup": r.get("speedup")})
     return out
+
+
+def group_of(r: dict) -> str:
+    """The shape a record belongs to: its `group` (the task's name), else its kernel and sizes."""
+    return r.get("group") or f"{r['kernel'].key()}|{json.dumps(r['shape'], sort_keys=True)}"
+
+
+def _paired(r: dict) -> bool:
+    return bool(r.get("ref_ms") and r.get("speedup") and r["ref_ms"] > 0 and r["speedup"] > 0)
+
+
+def drift_slope(records: list[dict]) -> float:
+    """`beta` (module docstring): the pooled within-shape slope of log ms on log ref_ms, clipped to [0, 1],
+    or 0 where it is not clearly positive (t <= 2), too few shapes or records lack a paired reference."""
+    if not records or not all(_paired(r) for r in records):
+        return 0.0
+    by: dict[str, list[tuple[float, float]]] = {}
+    for r in records:
+        by.setdefault(group_of(r), []).append((math.log(r["ms"]), math.log(r["ref_ms"])))
+    sxy = sxx = syy = 0.0
+    n = k = 0
+    for pts in by.values():
+        if len(pts) < 2:
+            continue
+        my, mx = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
+        sxy += sum((y - my) * (x - mx) for y, x in pts)
+        sxx += sum((x - mx) ** 2 for _, x in pts)
+        syy += sum((y - my) ** 2 for y, _ in pts)
+        n, k = n + len(pts), k + 1
+    if sxx <= 0 or n - k - 1 < 1:
+        return 0.0
+    b = sxy / sxx
+    se = math.sqrt(max(syy - b * sxy, 0.0) / (n - k - 1) / sxx)
+    return min(1.0, b) if b > 0 and b > 2 * se else 0.0
+
+
+def log_targets(records: list[dict], beta: float) -> list[float]:
+    """log of each record's runtime with `beta` of its paired reference's drift within its shape removed."""
+    if beta <= 0:
+        return [math.log(r["ms"]) for r in records]
+    sums: dict[str, list[float]] = {}
+    for r in records:
+        sums.setdefault(group_of(r), []).append(math.log(r["ms"] * r["speedup"]))
+    mean = {g: sum(v) / len(v) for g, v in sums.items()}
+    return [math.log(r["ms"]) - beta * (math.log(r["ms"] * r["speedup"]) - mean[group_of(r)]) for r in records]
 
 
 class CostModel:
     """Predicts a configuration's runtime (ms) for one template family."""
 
-    def __init__(self, kind: str, *, rounds: int = ROUNDS, threads: int = 1, seed: int = 0):
+    def __init__(self, kind: str, *, rounds: int = ROUNDS, threads: int = 1, seed: int = 0, drift: bool = True):
         if kind not in tunable.KNOBS:
             raise CostModelError(f"unknown kernel kind {kind!r}")
-        self.kind, self.rounds, self.threads, self.seed = kind, rounds, threads, seed
+        self.kind, self.rounds, self.threads, self.seed, self.drift = kind, rounds, threads, seed, drift
         self.names = feature_names(kind)
         self.booster = None
         self.n_train = 0
+        self.beta = 0.0
 
     def fit(self, records: list[dict]) -> "CostModel":
         lgb, np = require()
@@ -132,7 +191,8 @@ class CostModel:
         if len(recs) < 10:
             raise CostModelError(f"{len(recs)} {self.kind} measurements: too few to train on (10 at least)")
         X = np.array([featurize(r["kernel"], r["shape"], r["config"], r.get("features")) for r in recs])
-        y = np.log(np.array([r["ms"] / roofline_ms(r["kernel"], r["shape"]) for r in recs]))
+        self.beta = drift_slope(recs) if self.drift else 0.0
+        y = np.array(log_targets(recs, self.beta)) - np.log([roofline_ms(r["kernel"], r["shape"]) for r in recs])
         params = dict(PARAMS, num_threads=self.threads, seed=self.seed,
                       min_data_in_leaf=min(PARAMS["min_data_in_leaf"], max(1, len(recs) // 4)))
         self.booster = lgb.train(params, lgb.Dataset(X, y, feature_name=self.names, free_raw_data=True),
@@ -159,7 +219,8 @@ class CostModel:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"format": "kernelcraft-costmodel-1", "kind": self.kind, "features": self.names,
-                                    "n_train": self.n_train, "model": self.booster.model_to_string()}))
+                                    "n_train": self.n_train, "beta": self.beta,
+                                    "model": self.booster.model_to_string()}))
         return path
 
     @classmethod
@@ -175,6 +236,7 @@ class CostModel:
         if d["features"] != m.names:
             raise CostModelError(f"{path} was trained on other features (an older kernelcraft?): retrain it")
         m.booster, m.n_train = lgb.Booster(model_str=d["model"]), d["n_train"]
+        m.beta = float(d.get("beta", 0.0))  # files from before drift correction
         return m
 
 
