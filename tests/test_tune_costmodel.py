@@ -116,10 +116,47 @@ def test_drift_shared_with_the_reference_is_taken_out_of_the_target_within_each_
     assert costmodel.CostModel("rownorm", rounds=20).fit(recs).beta == beta
 
 
-def test_saved_model_keeps_its_drift_slope_and_older_files_load(tmp_path):
-    m = costmodel.CostModel("rownorm", rounds=20).fit(_row_records(paired=True))
-    assert m.beta >= 0.9 and costmodel.CostModel.load(m.save(tmp_path / "m.json")).beta == m.beta
+def _levelled_records() -> list[dict]:
+    """GEMM records whose shapes run at levels (0.6x .. 1.6x) no input explains: only a measurement of the
+    shape can tell them."""
+    rows = []
+    for i, shape in enumerate(SHAPES):
+        level = [0.6, 1.6, 1.0, 1.3, 0.8][i]
+        cfgs = tunable.all_configs(KERNEL, shape)[::3]
+        default = tunable.default_config(KERNEL, shape)
+        cfgs = cfgs + ([default] if default not in cfgs else [])
+        for cfg in cfgs:
+            rows.append({"shape": f"s{i}", "kernel": KERNEL.to_json(), "size": shape, "config": cfg,
+                         "features": None, "ok": True, "ms": level * _ms(shape, cfg)})
+    return costmodel.records_of(rows)
+
+
+def test_one_measurement_calibrates_the_level_of_an_unseen_shape():
+    recs = _levelled_records()
+    h = costmodel.holdout(recs, "gemm", rounds=60)
+    c = h["calibrated"]
+    assert c["shapes"] == h["shapes"] == len(SHAPES) and c["n"] == h["n"] - len(SHAPES)  # defaults not scored
+    assert c["mape"] < 0.5 * h["mape"] and c["r2"] > h["r2"] and c["r2"] > 0.8, (h["mape"], c["mape"], c["r2"])
+    weights = [p["anchor_weight"] for p in c["per_shape"].values()]
+    assert all(0.5 < w <= 1.0 for w in weights), weights
+    # the anchor multiplies every prediction by one factor: ratios (all the agents use) are unchanged
+    m = costmodel.CostModel("gemm", rounds=60).fit([r for r in recs if r["group"] != "s1"], calibrate=True)
+    cfgs = tunable.all_configs(KERNEL, SHAPES[1])[:6]
+    anchor = {"config": tunable.default_config(KERNEL, SHAPES[1]), "ms": 2.0, "features": None}
+    plain, cal = m.predict(KERNEL, SHAPES[1], cfgs), m.predict(KERNEL, SHAPES[1], cfgs, anchor=anchor)
+    assert [b / a for a, b in zip(plain, cal)] == pytest.approx([cal[0] / plain[0]] * len(cfgs))
+    at = m.predict(KERNEL, SHAPES[1], [anchor["config"]])[0]
+    assert cal[0] / plain[0] == pytest.approx((2.0 / at) ** m.anchor_weight)
+    assert m.predict(KERNEL, SHAPES[1], [anchor["config"]], anchor=anchor)[0] != pytest.approx(at)
+
+
+def test_saved_model_keeps_drift_and_anchor_weight_and_older_files_load(tmp_path):
+    m = costmodel.CostModel("rownorm", rounds=20).fit(_row_records(paired=True), calibrate=True)
+    assert m.beta >= 0.9 and 0.0 <= m.anchor_weight <= 1.0
+    again = costmodel.CostModel.load(m.save(tmp_path / "m.json"))
+    assert (again.beta, again.anchor_weight) == (m.beta, m.anchor_weight)
     d = json.loads((tmp_path / "m.json").read_text())
-    del d["beta"]  # a file written before drift correction
+    del d["beta"], d["anchor_weight"]  # a file written before drift correction and calibration
     (tmp_path / "old.json").write_text(json.dumps(d))
-    assert costmodel.CostModel.load(tmp_path / "old.json").beta == 0.0
+    old = costmodel.CostModel.load(tmp_path / "old.json")
+    assert (old.beta, old.anchor_weight) == (0.0, 1.0)

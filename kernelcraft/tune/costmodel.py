@@ -24,11 +24,23 @@ Design decisions
   positive (t > 2; else 0), clipped to 1. On the H100 table the row kernels' slope is 1.08 (t about
   10: short kernels, drift is a large part of their spread); the GEMMs' 0.22 +- 0.49 (not used).
   Records without a paired speedup train on their raw time.
-- Persistence is one JSON file: the kind, the feature names, the training-set size, `beta` and
-  LightGBM's model text. A file made for another feature list is refused on load (`CostModelError`).
+- Persistence is one JSON file: the kind, the feature names, the training-set size, `beta`,
+  `anchor_weight` and LightGBM's model text. A file made for another feature list is refused on load
+  (`CostModelError`).
+- Calibration from one measurement (`predict(..., anchor=)`): the game measures the start (default)
+  configuration of every shape before anything else, so the model may use that one measurement of a
+  shape it never saw: every prediction is multiplied by (measured / predicted at the anchor) **
+  `anchor_weight`. The weight is fitted at `fit(calibrate=True)` by leaving each training shape out
+  in turn (a model trained on the others; the weight that best turns the error at that shape's default
+  into the error of all its configurations, clipped to [0, 1]): a single measurement carries its own
+  noise and the model's error at that configuration, so it is trusted only as far as it predicted
+  the level on shapes the model did not see (0.46-0.90 on the H100 table). A common factor changes no
+  ratio between predictions, so the agents, which use only ratios (predicted gains, orderings), are
+  unaffected; calibration makes the absolute predictions usable.
 - `holdout` reports what the GEMM study reports — R² and mean relative error of runtime on shapes the
   model never saw (leave one shape out) — plus R² of log runtime and the rank correlation within each
-  shape, which is what deciding "what is worth measuring" needs.
+  shape, which is what deciding "what is worth measuring" needs; under "calibrated" the same with the
+  held-out shape's default measured (the default itself left out of the scores).
 """
 from __future__ import annotations
 
@@ -184,8 +196,11 @@ class CostModel:
         self.booster = None
         self.n_train = 0
         self.beta = 0.0
+        self.anchor_weight = 1.0
 
-    def fit(self, records: list[dict]) -> "CostModel":
+    def fit(self, records: list[dict], *, calibrate: bool = False) -> "CostModel":
+        """Train on `records` (`records_of`); with `calibrate`, also fit `anchor_weight` (module docstring:
+        one extra model per training shape)."""
         lgb, np = require()
         recs = [r for r in records if r["kernel"].kind == self.kind and r.get("ms")]
         if len(recs) < 10:
@@ -198,11 +213,36 @@ class CostModel:
         self.booster = lgb.train(params, lgb.Dataset(X, y, feature_name=self.names, free_raw_data=True),
                                  num_boost_round=self.rounds)
         self.n_train = len(recs)
+        self.anchor_weight = self._fit_anchor_weight(recs) if calibrate else 1.0
         return self
 
+    def _fit_anchor_weight(self, recs: list[dict]) -> float:
+        """Least squares over the training shapes, each left out in turn: the weight w minimising the squared
+        log error of all its configurations after adding w x (log error at its default configuration)."""
+        groups = sorted({group_of(r) for r in recs})
+        num = den = 0.0
+        for g in groups:
+            test = [r for r in recs if group_of(r) == g]
+            k, shape = test[0]["kernel"], test[0]["shape"]
+            default = tunable.default_config(k, shape)
+            anchor = next((r for r in test if r["config"] == default), None)
+            if anchor is None:
+                continue
+            try:
+                m = CostModel(self.kind, rounds=self.rounds, threads=self.threads, seed=self.seed, drift=self.drift)
+                m.fit([r for r in recs if group_of(r) != g])
+            except CostModelError:  # too few records without this shape
+                continue
+            pred = m.predict(k, shape, [r["config"] for r in test], [r.get("features") for r in test])
+            err = [math.log(r["ms"] / p) for r, p in zip(test, pred)]
+            at = err[test.index(anchor)]
+            num, den = num + at * sum(err), den + len(err) * at * at
+        return min(1.0, max(0.0, num / den)) if den > 0 else 1.0
+
     def predict(self, kernel: tunable.Kernel, shape: dict, configs: list[dict],
-                features: list[dict | None] | None = None) -> list[float]:
-        """Predicted runtimes (ms) of `configs` of `kernel` at `shape`."""
+                features: list[dict | None] | None = None, *, anchor: dict | None = None) -> list[float]:
+        """Predicted runtimes (ms) of `configs` of `kernel` at `shape`; `anchor` ({"config", "ms",
+        "features"}: a measured configuration of this kernel and shape, the game's start) calibrates them."""
         _, np = require()
         if self.booster is None:
             raise CostModelError("the cost model is not trained")
@@ -211,7 +251,11 @@ class CostModel:
         feats = features or [None] * len(configs)
         X = np.array([featurize(kernel, shape, c, f) for c, f in zip(configs, feats)])
         roof = roofline_ms(kernel, shape)
-        return [float(v) * roof for v in np.exp(self.booster.predict(X, num_threads=self.threads))]
+        scale = roof
+        if anchor is not None:
+            at = self.predict(kernel, shape, [anchor["config"]], [anchor.get("features")])[0]
+            scale *= (float(anchor["ms"]) / at) ** self.anchor_weight
+        return [float(v) * scale for v in np.exp(self.booster.predict(X, num_threads=self.threads))]
 
     def save(self, path: str | Path) -> Path:
         if self.booster is None:
@@ -220,6 +264,7 @@ class CostModel:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"format": "kernelcraft-costmodel-1", "kind": self.kind, "features": self.names,
                                     "n_train": self.n_train, "beta": self.beta,
+                                    "anchor_weight": self.anchor_weight,
                                     "model": self.booster.model_to_string()}))
         return path
 
@@ -236,7 +281,8 @@ class CostModel:
         if d["features"] != m.names:
             raise CostModelError(f"{path} was trained on other features (an older kernelcraft?): retrain it")
         m.booster, m.n_train = lgb.Booster(model_str=d["model"]), d["n_train"]
-        m.beta = float(d.get("beta", 0.0))  # files from before drift correction
+        m.beta = float(d.get("beta", 0.0))  # files from before drift correction and calibration
+        m.anchor_weight = float(d.get("anchor_weight", 1.0))
         return m
 
 
@@ -264,26 +310,45 @@ def _pearson(a: list[float], b: list[float]) -> float:
     return cov / math.sqrt(va * vb) if va > 0 and vb > 0 else float("nan")
 
 
-def holdout(records: list[dict], kind: str, **model_options) -> dict:
-    """Leave-one-shape-out: for each shape (record `group`), a model trained on the others predicts it."""
+def _scores(ys: list[float], ps: list[float], per: dict) -> dict:
+    logs = [math.log(v) for v in ys], [math.log(v) for v in ps]
+    sp = sorted(p["spearman"] for p in per.values())
+    return {"shapes": len(per), "n": len(ys), "r2": _r2(ys, ps), "r2_log": _r2(*logs),
+            "mape": sum(abs(b - a) / a for a, b in zip(ys, ps)) / len(ys),
+            "spearman_within_median": sp[len(sp) // 2] if sp else float("nan"), "per_shape": per}
+
+
+def _shape_scores(y: list[float], pred: list[float]) -> dict:
+    return {"n": len(y), "r2": _r2(y, pred), "mape": sum(abs(b - a) / a for a, b in zip(y, pred)) / len(y),
+            "spearman": _spearman(y, pred)}
+
+
+def holdout(records: list[dict], kind: str, *, calibrate: bool = True, **model_options) -> dict:
+    """Leave-one-shape-out: for each shape (record `group`), a model trained on the others predicts it —
+    with no measurement of it (the top-level scores), and calibrated on its measured default configuration
+    (`calibrated`: scored on its other configurations; shapes whose default was not measured are left out).
+    `calibrate=False` scales by the measurement in full (anchor weight 1) instead of fitting the weight."""
     recs = [r for r in records if r["kernel"].kind == kind]
-    groups = sorted({r["group"] for r in recs})
+    groups = sorted({group_of(r) for r in recs})
     if len(groups) < 2:
         raise CostModelError(f"holdout needs measurements of 2 shapes or more, not {len(groups)}")
-    ys, ps, per = [], [], {}
+    ys, ps, per, cys, cps, cper = [], [], {}, [], [], {}
     for g in groups:
-        test = [r for r in recs if r["group"] == g]
-        model = CostModel(kind, **model_options).fit([r for r in recs if r["group"] != g])
-        pred = []
-        for r in test:
-            pred += model.predict(r["kernel"], r["shape"], [r["config"]], [r.get("features")])
+        test = [r for r in recs if group_of(r) == g]
+        model = CostModel(kind, **model_options).fit([r for r in recs if group_of(r) != g], calibrate=calibrate)
+        k, shape = test[0]["kernel"], test[0]["shape"]
+        pred = model.predict(k, shape, [r["config"] for r in test], [r.get("features") for r in test])
         y = [r["ms"] for r in test]
-        ys += y
-        ps += pred
-        per[g] = {"n": len(y), "r2": _r2(y, pred), "mape": sum(abs(b - a) / a for a, b in zip(y, pred)) / len(y),
-                  "spearman": _spearman(y, pred)}
-    logs = [math.log(v) for v in ys], [math.log(v) for v in ps]
-    return {"kind": kind, "shapes": len(groups), "n": len(ys), "r2": _r2(ys, ps), "r2_log": _r2(*logs),
-            "mape": sum(abs(b - a) / a for a, b in zip(ys, ps)) / len(ys),
-            "spearman_within_median": sorted(p["spearman"] for p in per.values())[len(per) // 2],
-            "per_shape": per}
+        ys, ps = ys + y, ps + pred
+        per[g] = dict(_shape_scores(y, pred), beta=model.beta)
+        default = tunable.default_config(k, shape)
+        anchor = next((r for r in test if r["config"] == default), None)
+        rest = [i for i, r in enumerate(test) if r is not anchor]
+        if anchor is not None and len(rest) >= 2:
+            f = (anchor["ms"] / pred[test.index(anchor)]) ** model.anchor_weight
+            cy, cp = [y[i] for i in rest], [pred[i] * f for i in rest]
+            cys, cps = cys + cy, cps + cp
+            cper[g] = dict(_shape_scores(cy, cp), anchor_weight=model.anchor_weight)
+    out = {"kind": kind, **_scores(ys, ps, per)}
+    out["calibrated"] = _scores(cys, cps, cper) if cys else None
+    return out
