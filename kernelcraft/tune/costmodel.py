@@ -41,6 +41,14 @@ Design decisions
   model never saw (leave one shape out) — plus R² of log runtime and the rank correlation within each
   shape, which is what deciding "what is worth measuring" needs; under "calibrated" the same with the
   held-out shape's default measured (the default itself left out of the scores).
+- Tried on the H100 table and not kept (leave one shape out, BENCHMARKS.md): more physical row features
+  (bytes per row, bytes in flight per SM from the compiled occupancy, threads, padding, affine bytes,
+  op descriptors instead of one-hot ops: none better beyond seed noise), LightGBM parameters chosen by a
+  nested leave-one-shape-out loop (better with no measurement, worse with one and in rank), bagging
+  over seeds, a model of within-shape deviations (better with no measurement, worse with one), and
+  shrinking the predicted shape level toward the training mean (worse). What bounds the row model is
+  the table's noise: a row shape's runtimes spread by 8-13% (sd of log), configurations with identical
+  compiled features (num_stages that changed nothing) by 3-7%: repeat noise is 7-48% of the variance.
 """
 from __future__ import annotations
 
