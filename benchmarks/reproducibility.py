@@ -57,7 +57,8 @@ def run_once(task: str, cand_path: Path, device: str, budget: float, extra: list
     cmd = [sys.executable, "-m", "kernelcraft.cli", "eval", task, str(cand_path), "--device", device, "--json",
            "--time-budget", str(budget), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])})
     if r.returncode != 0:
         return {"error": r.stderr[-500:]}
     v = json.loads(r.stdout.strip().splitlines()[-1])

@@ -6,7 +6,9 @@ Design decisions
   overrides); none restates a default. Before the split, the timing budget was 3 s through `eval` and
   1-2 s through `optimize`/`bench`, so one candidate got different verdicts by entry point.
 - Defaults that depend on the device are per device *kind* (`DEVICE_DEFAULTS`: a CPU timing budget of
-  1 s, a GPU's 2 s; a GPU candidate may spend minutes in `torch.compile`, so its run clock is longer).
+  1 s, a GPU's 2 s; a GPU candidate may spend minutes in `torch.compile`, so its run clock is longer; two
+  candidate processes on a CPU, where one process's speed was seen to differ 3x from the next's, one on a
+  GPU until the between-process spread is measured there).
   A field left `None` means "the device's default"; `resolved(device)` fills them in, and the resolved
   protocol is what every verdict records (`Verdict.protocol`), what `bench.json` pins and what a run
   database stores, so a number always travels with the rules that produced it.
@@ -26,8 +28,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 DEVICE_DEFAULTS: dict[str, dict[str, float]] = {
-    "cpu": {"time_budget_s": 1.0, "timeout_s": 180.0},
-    "cuda": {"time_budget_s": 2.0, "timeout_s": 300.0},
+    "cpu": {"time_budget_s": 1.0, "timeout_s": 180.0, "processes": 2},
+    "cuda": {"time_budget_s": 2.0, "timeout_s": 300.0, "processes": 1},
 }
 WEAKENING = ("screen", "runtime_guards")  # never accepted from a remote caller
 
@@ -69,10 +71,10 @@ class Protocol(BaseModel):
     target_ci: float = Field(0.01, ge=0, le=1, description="stop timing once the speedup's 95% CI half-width "
                              "is below this fraction")
     min_rounds: int = Field(10, ge=1, le=100_000, description="paired timing rounds at least")
-    processes: int = Field(1, ge=1, le=8, description="candidate processes timed one after another, each fresh "
-                           "with a correctness trial of its own and a share of the time budget; the CI then spans "
-                           "every process's interval, so it covers between-process variation (1: one process, "
-                           "within-run CI only; 3 on a quiet host makes CIs reproduce, see README)")
+    processes: int | None = Field(None, ge=1, le=8, description="candidate processes timed interleaved round by "
+                                  "round, each with a correctness trial of its own; the CI spans every process's "
+                                  "interval, so it covers between-process variation (1: one process, within-run "
+                                  "CI only; default 2 cpu / 1 gpu, see README)")
     input_sets: int = Field(8, ge=2, le=64, description="input sets rotated while timing (no warm-cache wins)")
     input_pool_bytes: int = Field(1 << 30, ge=1 << 20, description="memory the rotated input sets may take")
     timeout_s: float | None = Field(None, gt=0, le=7200, description="seconds allowed after the build: "

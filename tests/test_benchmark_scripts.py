@@ -47,3 +47,17 @@ def test_rule_coverage_and_render_recipes_on_a_kernelbench_layout(tmp_path):
     assert "_KcCudaGraph(torch.compile(self._kc_inner" in composite and "rewrites: " in composite
     rows = [json.loads(x) for x in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
     assert [len(x["round"]) for x in rows] == [3, 3] and all(x["error"] is None for x in rows)
+
+
+def test_processes_bias_reports_each_process_count(tmp_path):
+    import json
+
+    out = tmp_path / "rows.jsonl"
+    r = _script(tmp_path, "processes_bias.py", "tiny/level1/diag_matmul", "--processes", "1,2", "--reps", "1",
+                "--time-budget", "0.2", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["processes"] for row in rows] == [1, 2]
+    assert all(row["status"] == "correct" and row["ref_ms"] > 0 for row in rows), rows
+    assert rows[0]["process_speedups"] is None and len(rows[1]["process_speedups"]) == 2
+    assert "processes 2: median" in r.stdout

@@ -104,6 +104,16 @@ def test_triton_candidate_correct():
     assert_correct_with_timing(v, "gpu_triton_add_relu")
 
 
+def test_triton_candidate_in_interleaved_processes():
+    """`processes` = 2 on the GPU: a second candidate process (its own CUDA context, the first's arenas through
+    CUDA IPC) passes its trial and both are timed interleaved; the CI spans both processes' intervals."""
+    v = evaluate(TASK, TRITON_CAND, processes=2, remeasure_above=None, **OPTS)
+    assert v.status == "correct", v.message
+    t = v.timing
+    assert t.processes == 2 and len(t.process_speedups) == 2
+    assert all(t.ci95[0] <= s <= t.ci95[1] for s in t.process_speedups)
+
+
 def test_triton_candidate_strict_mode():
     v = evaluate(TASK, TRITON_CAND, **{**OPTS, "mode": "strict", "timing": False})
     assert v.status == "correct", f"{v.status}/{v.reasons}: {v.message[:3000]}"

@@ -90,7 +90,7 @@ class Spec:
     min_speedup: float | None = None
     guards: tuple[str, ...] = ()
     trials: int = 5
-    processes: int = 1
+    processes: int | None = None  # None: the device's default
     budget: float = TIME_BUDGET_S
     static: str | None = None
     slow: bool = False
@@ -143,7 +143,7 @@ def parse_header(path: Path) -> Spec:
         remeasure=float(kv["remeasure"]) if "remeasure" in kv else 3.0,
         min_speedup=float(kv["min_speedup"]) if "min_speedup" in kv else None,
         guards=tuple(g for g in kv.get("guards", "").split(",") if g),
-        trials=int(kv.get("trials", 5)), processes=int(kv.get("processes", 1)),
+        trials=int(kv.get("trials", 5)), processes=int(kv["processes"]) if "processes" in kv else None,
         budget=float(kv.get("budget", TIME_BUDGET_S)), static=kv.get("static"),
         slow="slow" in flags, extra=kv)
 

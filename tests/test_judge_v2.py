@@ -65,6 +65,15 @@ def test_seccomp_filter_fences_off_protected_pids():
             if kid == 0:
                 time.sleep(30)
                 os._exit(0)
+            os.kill(kid, signal.SIGSTOP)
+            # SIGCONT is refused whatever the target (its own child included): only the judge thaws a process
+            for call in (lambda: os.kill(kid, signal.SIGCONT), lambda: os.killpg(os.getpgid(kid), signal.SIGCONT),
+                         lambda: signal.pthread_kill(__import__("threading").get_ident(), signal.SIGCONT)):
+                try:
+                    call()
+                    return 40
+                except PermissionError:
+                    pass
             os.kill(kid, signal.SIGKILL)
             os.waitpid(kid, 0)
             return 0
@@ -225,8 +234,55 @@ def test_inputs_are_fresh_and_secret_every_evaluation(tmp_path):
     assert len(inputs) == 10 and len(set(inputs)) == 10, "every trial of every evaluation sees fresh inputs"
 
 
+def test_running_threads_reads_stopped_and_running_processes():
+    """`isolation.running_threads` (the audit's read-back of the candidate's other processes): a frozen process
+    reads as stopped, every thread of it; a running one does not."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.setpgid(0, 0)
+        os.write(w, b"x")
+        while True:
+            pass
+    try:
+        os.read(r, 1)
+        assert isolation.running_threads(pid), "a spinning process is running"
+        isolation.freeze(pid)
+        assert isolation.running_threads(pid) == []
+        isolation.thaw(pid)
+        time.sleep(0.05)
+        assert isolation.running_threads(pid)
+    finally:
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r), os.close(w)
+
+
+def test_candidate_processes_are_timed_interleaved(tmp_path):
+    """`processes` = 2: both candidate processes are alive through timing and take turns round by round (not one
+    block after the other); each passed a correctness trial; the siblings are gone after the job."""
+    task = FIXTURES / "tasks" / "guard_slow.py"
+    log = tmp_path / "calls.log"
+    cand = "import os\n" + task.read_text().replace("class Model(", "class ModelNew(").replace(
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n",
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+        f"        open({str(log)!r}, 'a').write(f'{{os.getpid()}}\\n')\n")
+    assert "getpid" in cand
+    v = evaluate(str(task), cand, device="cpu", processes=2, time_budget_s=0.5, remeasure_above=None,
+                 cache_dir=tmp_path / "cache")
+    assert v.status == "correct", v.message
+    assert v.timing.processes == 2 and len(v.timing.process_speedups) == 2
+    pids = [int(x) for x in log.read_text().split()]
+    first, second = pids[0], next(p for p in pids if p != pids[0])
+    timed = pids[pids.index(second) + 1:]  # after the sibling's own trial
+    switches = sum(1 for a, b in zip(timed, timed[1:]) if a != b)
+    assert {first, second} <= set(timed) and switches >= 10, (len(timed), switches)
+    for pid in (first, second):
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+
+
 def test_timing_spans_fresh_candidate_processes(tmp_path):
-    """`processes`: the candidate's process is replaced between timing blocks; the record names each process's
+    """`processes`: the candidate runs in several processes, timed interleaved; the record names each process's
     speedup and the CI contains them all (what makes it reproduce between invocations)."""
     task = FIXTURES / "tasks" / "guard_slow.py"
     cand = task.read_text().replace("class Model(", "class ModelNew(")

@@ -242,3 +242,70 @@ def test_processes_that_disagree_beyond_2x_and_their_intervals_are_noted():
     assert inconsistent([noisy_a, noisy_b]) is None
     assert inconsistent([_block([5.0] * 9, 4.9, 5.1), _block([5.6] * 9, 5.5, 5.7)]) is None  # < 2x apart
     assert inconsistent([fast]) is None
+
+
+def test_interleaved_processes_are_split_per_process_and_time_alike():
+    """`processes` > 1: one `measure` run whose rounds cycle over the candidate's processes in blocks
+    (`siblings.Schedule`); `split` gives each process its own rounds. A process that is slower than its sibling is seen as such, while a
+    load that changes during the run (here: every call slowed in the second half) moves both processes alike."""
+    from kernelcraft.judge.siblings import Schedule
+    order = Schedule(2, seed=3)
+    calls = {"n": 0}
+    slow_half = {"on": False}
+
+    def next_round(i):
+        order.pick(i)
+        slow_half["on"] = i >= 40
+
+    def ref():
+        calls["n"] += 1
+        spin(0.8 * (2 if slow_half["on"] else 1))
+
+    def cand():
+        spin((0.2 if order.current == 0 else 0.4) * (2 if slow_half["on"] else 1))
+
+    res = timing.measure(timed(ref), timed(cand), NULL, next_round, no_round, budget_s=60.0, target=0.0,
+                         min_rounds=80, max_rounds=80, warmup_rounds=6, seed=1)
+    assert res.samples == 80 and len(order.who) == 80
+    blocks = [order.who[i:i + order.block] for i in range(0, 80, order.block)]
+    assert all(len(set(b)) == 1 for b in blocks), "a block is one process's"
+    assert all(sorted(b[0] for b in blocks[i:i + 2]) == [0, 1] for i in range(0, len(blocks), 2)), \
+        "every cycle gives each process one block"
+    a, b = timing.split(res, order.who, 2)
+    assert a.samples == b.samples == 40
+    assert 3.0 < a.speedup < 5.0 and 1.5 < b.speedup < 2.5, (a.speedup, b.speedup)
+    out = timing.combine([a, b])
+    assert out.processes == 2 and out.ci95[0] <= b.ci95[0] and out.ci95[1] >= a.ci95[1]
+
+
+def test_schedule_warm_up_visits_every_process():
+    from kernelcraft.judge.siblings import Schedule
+    order = Schedule(3, seed=0, block=2)
+    seen = []
+    for i in range(6):
+        order.pick(-1 - i)
+        seen.append(order.current)
+    assert seen == [0, 1, 2, 0, 1, 2]
+    assert order.who == []  # warm-up rounds are not recorded
+    switches = [order.pick(i) for i in range(60)]
+    picks = order.who
+    assert all(picks[i] == picks[i + 1] for i in range(0, 60, 2)), "blocks of 2 rounds"
+    firsts = picks[::2]
+    assert all(sorted(firsts[i:i + 3]) == [0, 1, 2] for i in range(0, 30, 3)), "each process once per cycle"
+    assert firsts != [0, 1, 2] * 10, "cycles are shuffled"
+    assert not any(switches[i] for i in range(1, 60, 2)), "no switch inside a block"
+    assert all(switches[i] == (picks[i] != picks[i - 1]) for i in range(2, 60, 2))
+
+
+def test_measure_stops_on_the_interval_it_is_given():
+    """The stopping rule tests the CI the record will report (with several processes: the one spanning each)."""
+    seen = []
+
+    def wide(ratios):
+        seen.append(len(ratios))
+        med = statistics.median(ratios)
+        return med, med / 2, med * 2  # never within the target
+
+    res = timing.measure(timed(lambda: spin(0.2)), timed(lambda: spin(0.1)), NULL, no_round, no_round,
+                         budget_s=0.3, target=0.5, min_rounds=10, interval=wide)
+    assert seen and not res.converged

@@ -169,7 +169,7 @@ HARNESS_MODULES = ("kernelcraft.judge.timing", "kernelcraft.judge.compare", "ker
                    "kernelcraft.judge.wire", "kernelcraft.judge.arena", "kernelcraft.judge.isolation",
                    "kernelcraft.judge.sideproc", "kernelcraft.judge.weights", "kernelcraft.judge.precision",
                    "kernelcraft.judge.partial", "kernelcraft.judge.jobs", "kernelcraft.judge.forker",
-                   "kernelcraft.judge.blocks",
+                   "kernelcraft.judge.siblings", "kernelcraft.judge.rounds",
                    "__main__", "json", "json.encoder")
 
 

@@ -39,20 +39,25 @@ _SECCOMP_MODE_FILTER = 2
 _RET_ALLOW = 0x7FFF0000
 _RET_EPERM = 0x00050000 | 1
 
-# syscall numbers: (always denied), {name: index of the pid argument}
+# syscall numbers: (always denied), {name: index of the pid argument}, {name: index of the signal argument}:
+# SIGCONT is refused whatever the target (a stopped process runs again only on SIGCONT: the judge's alone to send)
 _ARCH = {
     "x86_64": (0xC000003E, {"setsid": 112, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311},
                {"kill": (62, 0), "tkill": (200, 0), "tgkill": (234, 0), "pidfd_open": (434, 0),
                 "pidfd_send_signal": (424, 0), "sched_setaffinity": (203, 0), "sched_setscheduler": (144, 0),
                 "sched_setparam": (142, 0), "sched_setattr": (314, 0), "setpriority": (141, 1),
                 "prlimit64": (302, 0), "ioprio_set": (251, 1), "migrate_pages": (256, 0), "move_pages": (279, 0),
-                "perf_event_open": (298, 1)}),
+                "perf_event_open": (298, 1)},
+               {"kill": (62, 1), "tkill": (200, 1), "tgkill": (234, 2), "rt_sigqueueinfo": (129, 1),
+                "rt_tgsigqueueinfo": (297, 2), "pidfd_send_signal": (424, 1)}),
     "aarch64": (0xC00000B7, {"setsid": 157, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271},
                 {"kill": (129, 0), "tkill": (130, 0), "tgkill": (131, 0), "pidfd_open": (434, 0),
                  "pidfd_send_signal": (424, 0), "sched_setaffinity": (122, 0), "sched_setscheduler": (119, 0),
                  "sched_setparam": (118, 0), "sched_setattr": (274, 0), "setpriority": (140, 1),
                  "prlimit64": (261, 0), "ioprio_set": (30, 1), "migrate_pages": (238, 0), "move_pages": (239, 0),
-                 "perf_event_open": (241, 1)}),
+                 "perf_event_open": (241, 1)},
+                {"kill": (129, 1), "tkill": (130, 1), "tgkill": (131, 2), "rt_sigqueueinfo": (138, 1),
+                 "rt_tgsigqueueinfo": (240, 2), "pidfd_send_signal": (424, 1)}),
 }
 
 
@@ -88,7 +93,8 @@ def harden_side(role: str, protected: list[int]) -> dict:
     return out
 
 
-def _filter_program(arch_id: int, denied: dict, targeted: dict, protected: list[int]) -> list[tuple]:
+def _filter_program(arch_id: int, denied: dict, targeted: dict, protected: list[int],
+                    signalled: dict | None = None) -> list[tuple]:
     """A classic-BPF seccomp program: (code, jt, jf, k) tuples."""
     LD, JEQ, RET = 0x20, 0x15, 0x06
     # the protected pids, their process groups (-pid), and -1 (every process the user may signal)
@@ -103,6 +109,10 @@ def _filter_program(arch_id: int, denied: dict, targeted: dict, protected: list[
             body += [(JEQ, 0, 1, v), (RET, 0, 0, _RET_EPERM)]
         body += [(LD, 0, 0, 0)]  # back to the syscall number for the next test
         prog += [(JEQ, 0, len(body), nr)] + body
+    for nr, arg in (signalled or {}).values():
+        # if nr matches: the signal argument's low word; SIGCONT is refused
+        body = [(LD, 0, 0, 16 + 8 * arg), (JEQ, 0, 1, int(signal.SIGCONT)), (RET, 0, 0, _RET_EPERM), (LD, 0, 0, 0)]
+        prog += [(JEQ, 0, len(body), nr)] + body
     prog.append((RET, 0, 0, _RET_ALLOW))
     return prog
 
@@ -115,8 +125,8 @@ def install_filter(protected: list[int]) -> bool:
     spec = _ARCH.get(platform.machine())
     if spec is None or os.environ.get(SECCOMP_SWITCH) == "0":
         return False
-    arch_id, denied, targeted = spec
-    prog = _filter_program(arch_id, denied, targeted, protected)
+    arch_id, denied, targeted, signalled = spec
+    prog = _filter_program(arch_id, denied, targeted, protected, signalled)
     if len(prog) > 4000:
         return False
     raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
@@ -164,6 +174,24 @@ def freeze(pid: int) -> None:
         raise SideGone(status)
 
 
+def running_threads(pid: int) -> list[str]:
+    """Threads of `pid` not stopped (state other than T/t, zombie or dead), from /proc."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("T", "t", "Z", "X", "x"):
+            out.append(f"{pid}/{tid}")
+    return out
+
+
 def thaw(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGCONT)
@@ -202,17 +230,21 @@ class Audit:
         self.expected = next(iter(_sched_state(judge_pid).values()), None)
         self.count = 0
 
+    def candidates(self) -> list[int]:
+        """The candidate's processes: `candidate`, and `candidate.N` while several are timed (`processes`)."""
+        return [pid for role, pid in self.sides.items() if role.split(".")[0] == "candidate"]
+
     def problems(self) -> list[str]:
         """Every violation seen now (empty: clean)."""
         self.count += 1
         found = []
-        cand = self.sides["candidate"]
-        for pid in descendants(cand):
-            try:
-                if os.getpgid(pid) != cand:
-                    found.append(f"process {pid} started by the candidate left its process group")
-            except (ProcessLookupError, PermissionError):
-                continue
+        for cand in self.candidates():
+            for pid in descendants(cand):
+                try:
+                    if os.getpgid(pid) != cand:
+                        found.append(f"process {pid} started by the candidate left its process group")
+                except (ProcessLookupError, PermissionError):
+                    continue
         adopted = [p for p in children(self.judge_pid) if p not in self.sides.values()]
         if adopted:
             found.append(f"processes detached from the candidate (double fork): {adopted[:5]}")
@@ -225,8 +257,8 @@ class Audit:
         return found
 
     def kill_strays(self) -> None:
-        cand = self.sides["candidate"]
-        for pid in descendants(cand) + [p for p in children(self.judge_pid) if p not in self.sides.values()]:
+        mine = [pid for cand in self.candidates() for pid in descendants(cand)]
+        for pid in mine + [p for p in children(self.judge_pid) if p not in self.sides.values()]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

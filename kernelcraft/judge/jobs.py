@@ -125,7 +125,7 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
             ev = evaluation_cls(job, chan, sides, hardening, warm)
             ev.forker_pid = forker.pid
 
-            def spawn_candidate() -> SideProc:  # a fresh candidate side for another timing block
+            def spawn_candidate() -> SideProc:  # another candidate process for timing (`processes` > 1, `siblings`)
                 side = SideProc.from_forker(forker, cwd=job.get("cwd") or os.getcwd(), log_path=job.get("log_path"),
                                             tag=job.get("tag"), protected=[os.getpid(), ref.pid, forker.pid])
                 side.request({"cmd": "hello"})
@@ -141,7 +141,7 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
     if isinstance(ev, evaluation_cls):
         ev.release()
     if getattr(ev, "cand", None) is not None:
-        cand = ev.cand  # the last of the candidate's processes (`processes` > 1 replaces it between timing blocks)
+        cand = ev.cand  # the first of the candidate's processes (its siblings ended with timing, or end below)
     end_candidate(cand, keep={p.pid for p in (ref, forker) if p is not None})
     out.update(build_s=max(getattr(ev, "build_s", 0.0), cand.build_s if cand is not None else 0.0),
                worker_s=time.perf_counter() - t0,

@@ -295,6 +295,11 @@ class Side:
             weights.verify_mode(self, "after a call")
         return {"type": "ok"}
 
+    def cmd_peers(self, msg: dict, fds) -> dict:
+        """The candidate's other processes (`judge.siblings`): its own, not processes it detached."""
+        self.peers = self.peers | frozenset(int(p) for p in msg.get("pids", []))
+        return {"type": "ok"}
+
     # weights as inputs (judge/weights.py): list, dump and load the model's state_dict through the judge's arenas
     def cmd_state(self, msg: dict, fds) -> dict:
         return weights.state(self, msg, fds)

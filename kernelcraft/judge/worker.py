@@ -22,8 +22,8 @@ Design decisions
 - Phases are announced to the runner as before (reference, import, wait_device, init, check, time), so
   the build clock and the run clock, and the classification of a death, are unchanged. The device lock
   is the judge's (the sides never hold it).
-- The evaluation's sequence (phases, trials, timing rounds) reads in one place; the judge's handle on a side (`sideproc`), the side itself, the wire, the arenas, the
-  isolation and the clock are their own modules.
+- The evaluation's sequence (phases, trials) reads in one place; the timed rounds (`rounds`), the judge's handle on
+  a side (`sideproc`), the side itself, the wire, the arenas, the isolation and the clock are their own modules.
 """
 from __future__ import annotations
 
@@ -33,16 +33,14 @@ import sys
 
 faulthandler.enable()
 
-from kernelcraft.judge import timing  # noqa: E402  (binds clocks before anything else)
+from kernelcraft.judge import timing  # noqa: E402,F401  (binds clocks before anything else)
 
-import fcntl  # noqa: E402
 import random  # noqa: E402
 import secrets  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernelcraft.judge import blocks as blocks_mod, isolation, partial, precision, side as side_mod, tripwires, weights  # noqa: E402,E501
+from kernelcraft.judge import isolation, partial, precision, rounds, side as side_mod, tripwires, weights  # noqa: E402,E501
 from kernelcraft.judge.arena import Arena, TensorSpec  # noqa: E402
 from kernelcraft.judge.compare import compare_outputs, is_oom  # noqa: E402
 from kernelcraft.judge.guards import Reject  # noqa: E402
@@ -51,7 +49,6 @@ from kernelcraft.judge.jobs import Channel, Warm  # noqa: E402,F401  (Channel: t
 from kernelcraft.judge.procs import CHANNEL_FD_VAR  # noqa: E402
 from kernelcraft.judge.sideproc import SideProc  # noqa: E402
 
-AUDIT_SHARE = 0.2  # share of timing rounds followed by an audit (at random: the candidate cannot tell which)
 
 
 class Evaluation:
@@ -127,14 +124,14 @@ class Evaluation:
             self._time()
         self.enter("check")
         weights.check(self)  # the same new weights into both models, one more trial (judge/weights.py); after
-        self._audit()        # timing, which may replace the candidate's process (`processes`) and times old weights
+        self._audit()        # timing (which times the weights as constructed), in the candidate's first process
         self.cand.request({"cmd": "audit"})
         self.result["guards"].append("audits")
         return self.result
 
     def _take_device(self) -> None:
         self.enter("wait_device")
-        self.device_lock = _device_lock(self.job.get("lock_path")).__enter__()  # freed by `release`, or exit
+        self.device_lock = rounds.DeviceLock(self.job.get("lock_path")).__enter__()  # freed by `release`, or exit
 
     def release(self) -> None:
         """The end of this job: the device lock goes back (a warm judge lives on)."""
@@ -326,66 +323,7 @@ class Evaluation:
 
     # -- timing ------------------------------------------------------------------------------------------
     def _time(self) -> None:
-        p = self.p
-        clock = timing.RoundTripClock(self.device)
-        tol = getattr(self, "timed_tol", (p["atol"], p["rtol"]))  # widened to what the calibrated trials accepted
-        sampler = tripwires.SpotChecker(*tol)
-        replies: dict[str, dict] = {}
-        left = {"reference": [], "candidate": []}
-        run_msg = {"cmd": "run", "check": False}
-
-        def next_round(i: int) -> None:
-            self._write_inputs(self._draw())
-            self._poison()
-
-        def time_side(s: SideProc):
-            def call() -> float:
-                ms, leftover, replies[s.role] = s.timed(run_msg, clock)
-                left[s.role].append(leftover)
-                return ms
-            return call
-
-        def time_null() -> float:
-            """Both sides get an empty request, in random order, so neither is the one touched last before the
-            next round (the most recently run process starts warm); only the reference's is the overhead —
-            the candidate could slow its own to inflate what is subtracted."""
-            order = [self.ref, self.cand] if self.rng.random() < 0.5 else [self.cand, self.ref]
-            got = {s.role: s.timed({"cmd": "null"}, clock)[0] for s in order}
-            return got["reference"]
-
-        def check_round(i: int) -> None:
-            self._check_mutation("during a timed call")
-            ref_out = self._output("reference", replies["reference"].get("values", []), copy=False)
-            cand_out = self._output("candidate", list(replies["candidate"].get("values", [])), copy=False)
-            if not (self.guarded and sampler.agrees(ref_out, cand_out)):
-                cmp = compare_outputs(ref_out, cand_out, *tol)
-                if not cmp.ok:
-                    raise Reject("incorrect", ["stale_output"] if "value_mismatch" in cmp.reasons else cmp.reasons,
-                                 "an output of a timed call was wrong (the answer did not follow fresh inputs): "
-                                 + cmp.message)
-            if i >= 0 and self.rng.random() < AUDIT_SHARE:
-                self._audit()
-
-        k = max(1, int(p.get("processes") or 1)) if self.spawn_candidate is not None else 1
-        blocks = []
-        with _device_lock(None) if self.device_lock else _device_lock(self.job.get("lock_path")):
-            for b in range(k):
-                if b:
-                    blocks_mod.replace_candidate(self, b, k, tol)
-                blocks.append(timing.measure(
-                    time_side(self.ref), time_side(self.cand), time_null, next_round, check_round,
-                    cuda=self.device.type == "cuda", budget_s=p["time_budget_s"] / k, target=p["target_ci"],
-                    min_rounds=max(3, -(-p["min_rounds"] // k)), seed=self.rng.randrange(1 << 30)))
-        res = timing.combine(blocks)
-        med = lambda v: sorted(v)[len(v) // 2] if v else 0.0  # noqa: E731
-        res.hidden_work_ms = med(left["candidate"]) - med(left["reference"])
-        rec = res.record()
-        rec["note"] = timing.noise_note(res) or timing.inconsistent(blocks)
-        rec["audits"] = self.audit.count + 1  # with the one after timing
-        rec["busy_probes"] = clock.busy_probes
-        rec["probe_idle_ms"] = clock.idle_ms
-        self.result["timing"] = rec
-        self.result["guards"] += ["frozen_peer", "judge_clock"]
+        rounds.time_candidate(self)  # the timed rounds (judge/rounds.py)
 
     def _audit(self) -> None:
         found = self.audit.problems()
@@ -409,26 +347,6 @@ def _reference_sane(ref_out) -> None:
         if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel() and not bool(torch.isfinite(r).any()):
             raise Reject("runtime_error", ["task_error"], "the reference's output is NaN/Inf everywhere: "
                          "there is nothing to compare a candidate against")
-
-
-class _device_lock:
-    """Exclusive use of the device while timing, across processes (a flock: freed if we die)."""
-
-    def __init__(self, path: str | None):
-        self.path = path
-        self.f = None
-
-    def __enter__(self):
-        if self.path:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self.f = open(self.path, "w")
-            fcntl.flock(self.f, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        if self.f:
-            fcntl.flock(self.f, fcntl.LOCK_UN)
-            self.f.close()
 
 
 def main(chan_fd: int | None = None) -> None:

@@ -1,0 +1,143 @@
+"""The timed rounds of one evaluation: the judge's clock around both sides, the candidate's processes, spot checks.
+
+Design decisions
+- One function of the `worker.Evaluation` it times (`time_candidate`), called after the correctness trials: the
+  sequence of a job reads in `worker`, the rounds here. `timing.measure` holds the statistics and knows nothing of
+  processes; this module gives it functions that time one call of each side through `sideproc.SideProc.timed`,
+  prepare a round (a fresh draw, poisoned outputs) and check it (inputs re-verified, outputs spot-checked at
+  unpredictable elements or compared whole, audits at random rounds).
+- The candidate's processes (`Protocol.processes`): the extra ones are started and checked under the device lock
+  (`siblings.start`), take turns in blocks (`siblings.Schedule`, one untimed round after a switch), are read back
+  as stopped at the audit rounds and ended before the weights check; the record's interval spans each process's
+  (`timing.split`, `timing.combine`), and the stopping rule tests that interval.
+- The device lock (`DeviceLock`, a flock on a per-device file: freed if the holder dies) covers timing, or the
+  whole device phase when the worker took it earlier (`lock_scope` "device").
+"""
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+
+from kernelcraft.judge import siblings, timing, tripwires
+from kernelcraft.judge.compare import compare_outputs
+from kernelcraft.judge.guards import Reject
+from kernelcraft.judge.sideproc import SideProc
+
+AUDIT_SHARE = 0.2  # share of timing rounds followed by an audit (at random: the candidate cannot tell which)
+
+
+def time_candidate(ev) -> None:
+    """Paired rounds of the reference and the candidate (its processes in turn) until the CI is tight or the
+    budget is spent; the record goes to `ev.result["timing"]`."""
+    p = ev.p
+    clock = timing.RoundTripClock(ev.device)
+    tol = getattr(ev, "timed_tol", (p["atol"], p["rtol"]))  # widened to what the calibrated trials accepted
+    sampler = tripwires.SpotChecker(*tol)
+    replies: dict[str, dict] = {}
+    left = {"reference": [], "candidate": []}
+    run_msg = {"cmd": "run", "check": False}
+    k = max(1, int(p.get("processes") or 1)) if ev.spawn_candidate is not None else 1
+    procs = [ev.cand]  # the candidate's processes; more are started under the lock below (`siblings`)
+    order = siblings.Schedule(k, ev.rng.randrange(1 << 30))
+
+    def next_round(i: int) -> None:
+        if order.pick(i) and i >= 0:  # another candidate process takes over: one untimed round first
+            warm_up()
+        ev._write_inputs(ev._draw())
+        ev._poison()
+
+    def warm_up() -> None:
+        ev._write_inputs(ev._draw())
+        ev._poison()
+        for f in ((time_ref, time_cand) if ev.rng.random() < 0.5 else (time_cand, time_ref)):
+            f()
+        check_round(-1)
+
+    def time_ref() -> float:
+        ms, leftover, replies["reference"] = ev.ref.timed(run_msg, clock)
+        left["reference"].append(leftover)
+        return ms
+
+    def time_cand() -> float:
+        side = procs[order.current]
+        ms, leftover, replies["candidate"] = side.timed(run_msg, clock)
+        left["candidate"].append(leftover)
+        return ms
+
+    def time_null() -> float:
+        """Both sides get an empty request, in random order, so neither is the one touched last before the
+        next round (the most recently run process starts warm); only the reference's is the overhead —
+        the candidate could slow its own to inflate what is subtracted."""
+        cand = procs[order.current]
+        order_ = [ev.ref, cand] if ev.rng.random() < 0.5 else [cand, ev.ref]
+        got = {s.role: s.timed({"cmd": "null"}, clock)[0] for s in order_}
+        return got["reference"]
+
+    def interval(ratios: list[float]) -> tuple[float, float, float]:  # what the record will report
+        if k == 1:
+            return timing.median_ci(ratios)
+        per = [[x for x, w in zip(ratios, order.who) if w == j] for j in range(k)]
+        med, lo, hi = timing.median_ci(ratios)
+        ends = [timing.median_ci(v) for v in per if v]
+        return med, min([lo] + [e[1] for e in ends]), max([hi] + [e[2] for e in ends])
+
+    def check_round(i: int) -> None:
+        ev._check_mutation("during a timed call")
+        ref_out = ev._output("reference", replies["reference"].get("values", []), copy=False)
+        cand_out = ev._output("candidate", list(replies["candidate"].get("values", [])), copy=False)
+        if not (ev.guarded and sampler.agrees(ref_out, cand_out)):
+            cmp = compare_outputs(ref_out, cand_out, *tol)
+            if not cmp.ok:
+                raise Reject("incorrect", ["stale_output"] if "value_mismatch" in cmp.reasons else cmp.reasons,
+                             "an output of a timed call was wrong (the answer did not follow fresh inputs): "
+                             + cmp.message)
+        if i >= 0 and ev.rng.random() < AUDIT_SHARE:
+            ev._audit()
+            if k > 1:
+                siblings.check_stopped(procs)
+
+    sibs: list[SideProc] = []
+    with DeviceLock(None) if ev.device_lock else DeviceLock(ev.job.get("lock_path")):
+        if k > 1:
+            sibs = siblings.start(ev, k, tol)
+            procs += sibs
+            siblings.check_stopped(procs)
+        run = timing.measure(
+            time_ref, time_cand, time_null, next_round, check_round,
+            cuda=ev.device.type == "cuda", budget_s=p["time_budget_s"], target=p["target_ci"],
+            min_rounds=max(p["min_rounds"], siblings.BLOCK * k if k > 1 else 1), warmup_rounds=3 * k,
+            interval=interval,
+            seed=ev.rng.randrange(1 << 30))
+    if sibs:
+        siblings.end(ev, sibs)
+    blocks = timing.split(run, order.who, k) if k > 1 else [run]
+    res = timing.combine(blocks)
+    med = lambda v: sorted(v)[len(v) // 2] if v else 0.0  # noqa: E731
+    res.hidden_work_ms = med(left["candidate"]) - med(left["reference"])
+    rec = res.record()
+    rec["note"] = timing.noise_note(res) or timing.inconsistent(blocks)
+    rec["audits"] = ev.audit.count + 1  # with the one after timing
+    rec["busy_probes"] = clock.busy_probes
+    rec["probe_idle_ms"] = clock.idle_ms
+    ev.result["timing"] = rec
+    ev.result["guards"] += ["frozen_peer", "judge_clock"]
+
+
+class DeviceLock:
+    """Exclusive use of the device while timing, across processes (a flock: freed if we die)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.f = None
+
+    def __enter__(self):
+        if self.path:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self.f = open(self.path, "w")
+            fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.f:
+            fcntl.flock(self.f, fcntl.LOCK_UN)
+            self.f.close()

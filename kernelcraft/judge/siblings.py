@@ -1,0 +1,127 @@
+"""The candidate's other processes (`Protocol.processes`): timed interleaved with the first, round by round.
+
+Design decisions
+- Why several processes: rounds within one process share that process's memory layout and thread placement,
+  so a within-run interval misses the next run's estimate (BENCHMARKS, "Confidence intervals that
+  reproduce"). The judge therefore times the candidate in `processes` independent processes and the CI spans
+  each one's interval (`timing.split`, `timing.combine`).
+- Interleaved, not one after another: the processes take turns in short blocks of rounds (`Schedule`), each
+  block's rounds pairing the reference with one candidate process, so a host whose load changes during the
+  run moves every process's ratios alike. Blocks timed one after another (the first design: one block per
+  process, a share of the budget each) could not tell a process-dependent speed from a time-dependent one, and
+  on a loaded host they disagreed beyond 2x for honest code. Strict round-by-round alternation was biased the
+  other way (see `Schedule`).
+- A sibling is a full candidate: a fresh side from the judge's forker, imported with the first import's
+  message (its builds are cache hits), constructed with the same seed, lent the *same* arenas as the first
+  (only one candidate process runs at a time), and it must pass one correctness trial of its own before it is
+  timed (a candidate honest only in the process the judge checked is a wrong answer,
+  `v2_c7_later_process_differs`). Every timed output of every process is compared, every input re-verified.
+- No candidate process runs outside its own timed window. The running process could SIGCONT a sibling,
+  whose work would then land in the reference's call or in the gap after its own call (computing an answer
+  into the shared arena off the clock; `v2_c7_sibling_thaw`). A stopped process runs again only on SIGCONT,
+  and the seccomp filter refuses SIGCONT to the candidate whatever the target (`isolation`), so only the
+  judge thaws. The first design re-stopped every candidate process inside every sample instead (SIGSTOP to
+  each group, every thread read back from /proc): it cost ~0.05 ms per process per sample and biased a
+  channels-last CNN's speedup from 1.07x to 0.93x on the 2-core host. The read-back stays as an audit
+  (`check_stopped`, at the judge's random audit rounds), off the clock.
+- When timing ends the siblings are killed and reaped with what they started (`sideproc.end_candidate`), so
+  the audit after timing does not find their children re-parented to the judge; the first process stays for
+  the weights check. A job that fails mid-way loses its siblings with the rest of the candidate's processes
+  at the job's end.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from kernelcraft.judge import isolation
+from kernelcraft.judge.compare import compare_outputs
+from kernelcraft.judge.guards import Reject
+from kernelcraft.judge.procs import descendants
+from kernelcraft.judge.sideproc import SideProc, end_candidate
+
+
+def start(ev, k: int, tol) -> list[SideProc]:
+    """k - 1 more candidate processes beside `ev.cand`, each imported, constructed, lent the candidate's arenas
+    and checked once against the reference on a fresh draw. Registered with the audit as `candidate.N`."""
+    sibs: list[SideProc] = []
+    for j in range(1, k):
+        side = ev.spawn_candidate()
+        sibs.append(side)
+        ev.audit.sides[f"candidate.{j}"] = side.pid
+        every = [ev.cand.pid] + [s.pid for s in sibs]
+        for p in [ev.cand] + sibs:  # each process's own tripwires must not take its siblings for escapees
+            p.request(dict(cmd="peers", pids=every), phase="time")
+        side.request(ev.cand_import, phase="time")
+        side.request(ev.construct_msg, phase="time")
+        for arenas, cmd in ((ev.in_arenas, dict(cmd="inputs", values=ev.values)),
+                            (ev.out_arenas, dict(cmd="outputs", kind=ev.out_kind))):
+            desc, fds = arenas["candidate"].handle()
+            side.request(dict(cmd, arena=desc), fds, phase="time")
+        ev._write_inputs(ev._draw())
+        ev._poison()
+        replies = {"reference": ev.ref.request(dict(cmd="run", check=True), phase="time"),
+                   "candidate": side.request(dict(cmd="run", check=True), phase="time")}
+        if ev.device.type == "cuda":
+            torch.cuda.synchronize()
+        ev._check_mutation(f"candidate process {j + 1} of {k}")
+        ref_out, cand_out, _ = ev._trial_outputs(replies)
+        cmp = compare_outputs(ref_out, cand_out, *tol)
+        if not cmp.ok:
+            raise Reject("incorrect", cmp.reasons, f"candidate process {j + 1} of {k} (a fresh process for "
+                         f"timing) failed its correctness trial: {cmp.message}")
+    return sibs
+
+
+def check_stopped(procs: list[SideProc]) -> None:
+    """Every candidate process and what it started read back as stopped (/proc), at the audit moments of timing:
+    the seccomp filter refuses SIGCONT to the candidate, so one found running means a door this design missed."""
+    for p in procs:
+        running = [t for m in [p.pid] + descendants(p.pid) for t in isolation.running_threads(m)]
+        if running:
+            raise Reject("rejected", ["thread_injection"], "a candidate process that the judge had frozen was "
+                         f"running while another was timed (threads {', '.join(running[:4])})")
+
+
+BLOCK = 5  # consecutive rounds of one candidate process before the next takes over
+
+
+class Schedule:
+    """Which candidate process each round times: blocks of BLOCK consecutive rounds, in shuffled cycles over the
+    k processes (every process once per cycle, so they share the run's moments evenly; shuffled, so no process is
+    always first after a pause). Round by round alternation was tried first and was biased: a process that ran
+    only every k-th round found its data evicted from the caches by the others, while the reference ran every
+    round (a channels-last CNN read 0.99x against 1.66x in one process on the 2-core host). Within a block the
+    candidate process and the reference alternate as in a single-process run, and a switch to another process
+    is preceded by one untimed round (`switched`: the caller runs it), so every timed round starts equally warm.
+    Warm-up rounds (negative) visit the processes in turn. `who` records the timed rounds' choices."""
+
+    def __init__(self, k: int, seed: int, block: int = BLOCK):
+        self.k, self.block, self.rng = k, block, random.Random(seed)
+        self.cycle: list[int] = []
+        self.who: list[int] = []
+        self.current = 0
+
+    def pick(self, i: int) -> bool:
+        """Set `current` for round i; True when it is another process than the round before (a switch)."""
+        before = self.current
+        if i < 0:
+            self.current = (-1 - i) % self.k
+            return self.current != before
+        if i % self.block == 0:
+            if not self.cycle:
+                self.cycle = list(range(self.k))
+                self.rng.shuffle(self.cycle)
+            self.current = self.cycle.pop()
+        self.who.append(self.current)
+        return self.current != before
+
+
+def end(ev, sibs: list[SideProc]) -> None:
+    """After timing: the siblings and what they started, killed and reaped; the first process is kept."""
+    live = {ev.ref.pid, ev.forker_pid, ev.cand.pid} | {s.pid for s in sibs}
+    for j, side in enumerate(sibs, start=1):
+        live.discard(side.pid)
+        end_candidate(side, keep={p for p in live if p})
+        ev.audit.sides.pop(f"candidate.{j}", None)
