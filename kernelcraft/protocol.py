@@ -71,8 +71,8 @@ class Protocol(BaseModel):
     target_ci: float = Field(0.01, ge=0, le=1, description="stop timing once the speedup's 95% CI half-width "
                              "is below this fraction")
     min_rounds: int = Field(10, ge=1, le=100_000, description="paired timing rounds at least")
-    processes: int | None = Field(None, ge=1, le=8, description="candidate processes timed interleaved round by "
-                                  "round, each with a correctness trial of its own; the CI spans every process's "
+    processes: int | None = Field(None, ge=1, le=8, description="candidate processes timed interleaved in blocks "
+                                  "of rounds, each with a correctness trial of its own; the CI spans every process's "
                                   "interval, so it covers between-process variation (1: one process, within-run "
                                   "CI only; default 2 cpu / 1 gpu, see README)")
     input_sets: int = Field(8, ge=2, le=64, description="input sets rotated while timing (no warm-cache wins)")

@@ -109,7 +109,7 @@ class Timing(BaseModel):
     busy_probes: int | None = Field(None, description="GPU: idle probes after a call that found the device still "
                                     "busy (work a side left behind, or another process's)")
     probe_idle_ms: float | None = Field(None, description="GPU: latency of the judge's idle probe on an idle device")
-    processes: int | None = Field(None, description="candidate processes timed interleaved round by round (protocol.processes)")
+    processes: int | None = Field(None, description="candidate processes timed interleaved in blocks of rounds (protocol.processes)")
     process_speedups: list[float] | None = Field(None, description="each candidate process's median speedup: the "
                                                  "between-process spread the CI covers")
     within_ci95: tuple[float, float] | None = Field(None, description="the CI of all rounds pooled, before it was "

@@ -309,3 +309,20 @@ def test_measure_stops_on_the_interval_it_is_given():
     res = timing.measure(timed(lambda: spin(0.2)), timed(lambda: spin(0.1)), NULL, no_round, no_round,
                          budget_s=0.3, target=0.5, min_rounds=10, interval=wide)
     assert seen and not res.converged
+
+
+def test_spanning_ci_is_what_combine_reports_for_split_results():
+    """The stopping rule's interval for several processes (`spanning_ci`) is the one the record reports
+    (`combine` of `split`): computed from the ratios alone, the same numbers."""
+    from kernelcraft.judge.timing import TimingResult, combine, spanning_ci, split
+    rng = random.Random(5)
+    who = [rng.randrange(2) for _ in range(60)]
+    refs = [1.0 + (0.5 if w else 0.0) + rng.random() * 0.2 for w in who]
+    cands = [0.5] * 60
+    res = TimingResult(ref_ms=1, cand_ms=0.5, speedup=2, ci95=(1, 3), samples=60, converged=False, method="m",
+                       ref_spread_ms=(1, 1), cand_spread_ms=(1, 1), host_ref_ms=1, host_cand_ms=1, spot_checks=60,
+                       ref_samples=refs, cand_samples=cands)
+    out = combine(split(res, who, 2))
+    ratios = [r / c for r, c in zip(refs, cands)]
+    med, lo, hi = spanning_ci([[x for x, w in zip(ratios, who) if w == j] for j in range(2)])
+    assert (lo, hi) == out.ci95 and med == out.speedup

@@ -76,10 +76,7 @@ def time_candidate(ev) -> None:
     def interval(ratios: list[float]) -> tuple[float, float, float]:  # what the record will report
         if k == 1:
             return timing.median_ci(ratios)
-        per = [[x for x, w in zip(ratios, order.who) if w == j] for j in range(k)]
-        med, lo, hi = timing.median_ci(ratios)
-        ends = [timing.median_ci(v) for v in per if v]
-        return med, min([lo] + [e[1] for e in ends]), max([hi] + [e[2] for e in ends])
+        return timing.spanning_ci([[x for x, w in zip(ratios, order.who) if w == j] for j in range(k)])
 
     def check_round(i: int) -> None:
         ev._check_mutation("during a timed call")

@@ -1,4 +1,4 @@
-"""The candidate's other processes (`Protocol.processes`): timed interleaved with the first, round by round.
+"""The candidate's other processes (`Protocol.processes`): timed interleaved with the first, in blocks of rounds.
 
 Design decisions
 - Why several processes: rounds within one process share that process's memory layout and thread placement,
@@ -94,7 +94,8 @@ class Schedule:
     only every k-th round found its data evicted from the caches by the others, while the reference ran every
     round (a channels-last CNN read 0.99x against 1.66x in one process on the 2-core host). Within a block the
     candidate process and the reference alternate as in a single-process run, and a switch to another process
-    is preceded by one untimed round (`switched`: the caller runs it), so every timed round starts equally warm.
+    is preceded by one untimed round (`pick` returns True: the caller runs it), so every timed round starts
+    equally warm.
     Warm-up rounds (negative) visit the processes in turn. `who` records the timed rounds' choices."""
 
     def __init__(self, k: int, seed: int, block: int = BLOCK):

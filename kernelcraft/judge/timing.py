@@ -228,6 +228,15 @@ def measure(
         spot_checks=rounds, overhead_ms=overhead, ref_samples=refs, cand_samples=cands)
 
 
+def spanning_ci(groups: list[list[float]]) -> tuple[float, float, float]:
+    """(median of every group's ratios pooled, lo, hi): the pooled interval widened to span each group's own —
+    the interval `combine` reports for the per-process results `split` makes, computed from the ratios alone
+    (so `measure`'s stopping rule can test it while the rounds come in)."""
+    med, lo, hi = median_ci([x for g in groups for x in g])
+    ends = [median_ci(g) for g in groups if g]
+    return med, min([lo] + [e[1] for e in ends]), max([hi] + [e[2] for e in ends])
+
+
 def split(res: TimingResult, who: list[int], k: int) -> list[TimingResult]:
     """One interleaved `measure` run as `k` per-process results: round i timed candidate process `who[i]`.
 
@@ -270,7 +279,7 @@ def combine(blocks: list[TimingResult]) -> TimingResult:
         ref_ms=statistics.median(refs), cand_ms=statistics.median(cands), speedup=med,
         ci95=(min([lo] + [b.ci95[0] for b in blocks]), max([hi] + [b.ci95[1] for b in blocks])),
         samples=sum(b.samples for b in blocks), converged=all(b.converged for b in blocks),
-        method=first.method + f"; {len(blocks)} candidate processes interleaved round by round, CI spanning each one's",
+        method=first.method + f"; {len(blocks)} candidate processes interleaved in blocks of rounds, CI spanning each one's",
         ref_spread_ms=_quartiles(refs), cand_spread_ms=_quartiles(cands),
         host_ref_ms=statistics.median([b.host_ref_ms for b in blocks]),
         host_cand_ms=statistics.median([b.host_cand_ms for b in blocks]),
@@ -295,7 +304,7 @@ def noise_note(res: TimingResult) -> str | None:
 
 def inconsistent(blocks: list[TimingResult]) -> str | None:
     """A note when candidate processes disagree about the speedup beyond 2x *and* beyond their own intervals.
-    The processes are interleaved round by round, so this is a process-dependent speed, not the host's load
+    The processes are interleaved in blocks of rounds, so this is a process-dependent speed, not the host's load
     changing (when blocks ran one after another, the reference's own code read 0.20x, 0.46x, 0.20x in three
     processes on the 2-core host under load 4-6). It stays a note, not a rejection: an honest candidate's speed
     may depend on its process (an autotuner's choice), the CI already spans every process, and a large speedup
