@@ -8,7 +8,8 @@ Usage:
 Runs the judge's `Evaluation.run()` in this process, which forks the two sides as the judge process does (no
 sandbox: a diagnostic, not a verdict), `--reps` times, and prints the seconds spent in each judge step (input
 draws, side requests, timed round trips, freezes, idle probes, comparisons, audits) with a device sync after
-each, plus the `import torch` time. Every rep
+each, plus the `import torch` time; `--profile N` adds cProfile's top N functions of the last rep (the
+judge's process only: time in a side shows as waiting on its wire). Every rep
 after the first shows the steady state; the first shows one-time costs a fresh worker pays (CUDA
 context, profiler start, lazy module loading), which is what every real evaluation pays.
 The per-phase split of real evaluations is in each verdict's `phases_s`.
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import os
+import pstats
 import sys
 import tempfile
 import time
@@ -27,8 +30,14 @@ t0 = time.perf_counter()
 import torch  # noqa: E402
 
 IMPORT_TORCH_S = time.perf_counter() - t0
+os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # as the zygote: nothing before the sides' fork may initialise CUDA
+try:  # what the zygote imports before it forks a worker (judge/zygote.py): not a cost any evaluation pays
+    import torch._dynamo  # noqa: E402, F401
+    import triton  # noqa: E402, F401
+except ImportError:
+    pass
 
-from kernelcraft.judge import isolation, timing, tripwires  # noqa: E402
+from kernelcraft.judge import isolation, partial, precision, rounds, timing, tripwires, weights  # noqa: E402
 from kernelcraft.judge import sideproc, worker as W  # noqa: E402
 from kernelcraft.judge.screen import screen  # noqa: E402
 from kernelcraft.protocol import Protocol  # noqa: E402
@@ -36,7 +45,9 @@ from kernelcraft.task import load_task  # noqa: E402
 
 STEPS = [(W, "compare_outputs"), (tripwires.SpotChecker, "agrees"), (isolation, "freeze"), (isolation, "thaw"),
          (isolation.Audit, "problems"), (timing.RoundTripClock, "settle"), (timing.RoundTripClock, "flush"),
-         (sideproc.SideProc, "request"), (sideproc.SideProc, "timed")] + [(W.Evaluation, n) for n in (
+         (sideproc.SideProc, "request"), (sideproc.SideProc, "timed"), (precision.Rule, "truth"),
+         (precision.Rule, "trial"), (precision.Rule, "_pool"), (partial, "mix"), (weights, "check"),
+         (rounds, "time_candidate")] + [(W.Evaluation, n) for n in (
              "_draw", "_write_inputs", "_inputs_intact", "_poison", "_output", "_construct", "_check", "_time", "run")]
 
 
@@ -68,6 +79,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--time-budget", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile the last rep (cProfile, the judge's process) and print its top N functions")
     args = ap.parse_args()
 
     task = load_task(args.task)
@@ -98,8 +111,9 @@ def main() -> int:
         sides["candidate"] = sideproc.SideProc.fork("candidate", [os.getpid(), sides["reference"].pid],
                                                     [w, sides["reference"].end.sock.fileno()])
         ev = W.Evaluation(job, W.Channel(os.dup(w), "phases"), sides, {})
+        prof = cProfile.Profile() if args.profile and rep == args.reps - 1 else None
         try:
-            res = ev.run()
+            res = prof.runcall(ev.run) if prof else ev.run()
             outcome = f"correct, {res['timing']['speedup']:.3f}x"
         except BaseException as e:  # noqa: BLE001 - a diagnostic: report and go on
             outcome = f"{type(e).__name__}: {e}"
@@ -113,6 +127,10 @@ def main() -> int:
         print(f"rep {rep}: {outcome}")
         for label, s in sorted(spent.items(), key=lambda kv: -kv[1]):
             print(f"  {label:36s} {s:8.3f} s  x{calls[label]}")
+        if prof:
+            for key in ("tottime", "cumulative"):
+                print(f"--- cProfile of rep {rep}, by {key} ---")
+                pstats.Stats(prof).sort_stats(key).print_stats(args.profile)
     return 0
 
 

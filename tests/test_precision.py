@@ -308,6 +308,16 @@ def test_judge_oom_is_retried_cheaper_never_charged(monkeypatch):
     assert calls == [compare.CHUNK, compare.CHUNK // 16]
 
 
+def test_gpu_plans_start_with_large_chunks_and_end_on_the_cpu():
+    """On a GPU the comparison's cost is the judge's time per op: it starts with 16x larger chunks, and an OOM of
+    its own still walks down to small chunks and then host memory."""
+    plans = compare.plans(torch.device("cuda", 0))
+    assert [c for c, _ in plans] == [compare.DEVICE_CHUNK, compare.CHUNK, compare.CHUNK // 16, compare.CHUNK]
+    assert [d.type for _, d in plans] == ["cuda", "cuda", "cuda", "cpu"]
+    assert compare.plans(torch.device("cpu")) == [(compare.CHUNK, torch.device("cpu")),
+                                                  (compare.CHUNK // 16, torch.device("cpu"))]
+
+
 _PEAK = """
 import resource, sys, torch
 from kernelcraft.judge.compare import compare_outputs

@@ -14,8 +14,10 @@ Design decisions
   on its own, in two passes (the reference's RMS, then the bound): never a full-size float64 copy or a
   boolean-mask gather of a whole output, so an output that fits the device twice can be judged. If the
   judge's own comparison runs out of memory it is retried with smaller chunks, then on the CPU
-  (`PLANS`): a harness OOM never becomes the candidate's verdict. `chunks` is the one chunking every
-  judge-side pass uses (`precision` too).
+  (`plans`): a harness OOM never becomes the candidate's verdict. `chunks` is the one chunking every
+  judge-side pass uses (`precision` too). On a GPU the first plan takes `DEVICE_CHUNK` (16x larger) and
+  statistics stay on the device until a pass ends: the judge's time per op, not the GPU, is what a
+  comparison costs there.
 - This module is the *fixed* rule (KernelBench-style tolerances). The default rule is calibrated against a
   float64 evaluation of the reference (`precision`); this one still checks structure, non-finite values and
   names gross errors (`value_mismatch`) under both.
@@ -28,6 +30,8 @@ import torch
 
 DEFAULT_TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2, torch.float64: 1e-7}
 CHUNK = 1 << 20  # elements per chunk: 8 MiB per float64 temporary
+DEVICE_CHUNK = 1 << 24  # on a GPU first: 128 MiB temporaries, 16x fewer launches (the judge's host time per op, ~40 us,
+                        # made a 256 MiB output's comparison ~85 ms at CHUNK on the H200; ~1.5 GiB peak, CHUNK on OOM)
 
 
 @dataclass
@@ -149,8 +153,10 @@ def is_oom(e: BaseException) -> bool:
 
 
 def plans(device: torch.device) -> list[tuple[int, torch.device]]:
-    """(chunk, device) to try in order: the device at CHUNK, then at CHUNK/16, then the CPU."""
-    out = [(CHUNK, device), (max(1, CHUNK // 16), device)]
+    """(chunk, device) to try in order: a GPU at DEVICE_CHUNK first; then the device at CHUNK, at CHUNK/16, then
+    the CPU."""
+    out = [(DEVICE_CHUNK, device)] if device.type != "cpu" else []
+    out += [(CHUNK, device), (max(1, CHUNK // 16), device)]
     if device.type != "cpu":
         out.append((CHUNK, torch.device("cpu")))
     return out
@@ -203,29 +209,33 @@ def _count_unequal(r: torch.Tensor, c: torch.Tensor, chunk: int, dev: torch.devi
 
 
 def _value_stats(r: torch.Tensor, c: torch.Tensor, a: float, rt: float, chunk: int, dev: torch.device) -> dict:
-    """Two chunked passes: non-finite bookkeeping and the reference's sum of squares, then the bound."""
-    bad = missing = finite = 0
-    sq = 0.0
+    """Two chunked passes: non-finite bookkeeping and the reference's sum of squares, then the bound. Sums, counts
+    and maxima stay on `dev` until each pass ends (one device sync per pass, not one per chunk and statistic:
+    64 chunks of a 256 MiB output cost ~60 ms of syncs on the H100)."""
+    counts = torch.zeros(3, dtype=torch.int64, device=dev)  # bad non-finite, missing non-finite, finite
+    sq = torch.zeros((), dtype=torch.float64, device=dev)
     for r64, c64 in chunks([r, c], chunk, dev):
         r_fin, c_fin = torch.isfinite(r64), torch.isfinite(c64)
         same = (c64 == r64) | (torch.isnan(c64) & torch.isnan(r64))
-        bad += int((~c_fin & ~(~r_fin & same)).sum())
-        missing += int((~r_fin & c_fin).sum())
         both = r_fin & c_fin
-        finite += int(both.sum())
-        sq += float(torch.where(both, r64, 0.0).pow(2).sum())
+        counts += torch.stack([(~c_fin & ~(~r_fin & same)).sum(), (~r_fin & c_fin).sum(), both.sum()])
+        sq += torch.where(both, r64, 0.0).pow(2).sum()
+    bad, missing, finite = (int(x) for x in counts.tolist())
     out = dict(bad_nonfinite=bad, missing_nonfinite=missing, finite=finite, max_abs=0.0, max_rel=0.0, over=0,
                scale=1.0)
     if bad or missing or not finite:
         return out
-    scale = out["scale"] = max(1.0, (sq / finite) ** 0.5)
+    scale = out["scale"] = max(1.0, (float(sq) / finite) ** 0.5)
+    maxima = torch.zeros(2, dtype=torch.float64, device=dev)  # max abs, max rel
+    over = torch.zeros((), dtype=torch.int64, device=dev)
     for r64, c64 in chunks([r, c], chunk, dev):
         both = torch.isfinite(r64) & torch.isfinite(c64)
         diff = torch.where(both, (c64 - r64).abs(), 0.0)
         rv = torch.where(both, r64, 0.0)
-        out["max_abs"] = max(out["max_abs"], float(diff.max()))
-        out["max_rel"] = max(out["max_rel"], float((diff / rv.abs().clamp_min(a * scale)).max()))
-        out["over"] += int((both & ~within_tolerance(rv, torch.where(both, c64, 0.0), a, rt, scale)).sum())
+        maxima = torch.maximum(maxima, torch.stack([diff.max(), (diff / rv.abs().clamp_min(a * scale)).max()]))
+        over += (both & ~within_tolerance(rv, torch.where(both, c64, 0.0), a, rt, scale)).sum()
+    out["max_abs"], out["max_rel"] = (float(x) for x in maxima.tolist())
+    out["over"] = int(over)
     return out
 
 

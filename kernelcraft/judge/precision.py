@@ -246,20 +246,22 @@ class Rule:
     def _pool(self, o: Output, r: torch.Tensor, c: torch.Tensor, t: torch.Tensor) -> None:
         slack = FLOOR_ULPS * unit_roundoff(o.dtype)
 
-        def run(chunk, dev):
-            n, sq_t, sq_r, sq_c, max_r, max_c = 0, 0.0, 0.0, 0.0, 0.0, 0.0
+        def run(chunk, dev):  # sums and maxima stay on the device until the pass ends: one sync, not one per chunk
+            n = torch.zeros((), dtype=torch.int64, device=dev)
+            sums = torch.zeros(3, dtype=torch.float64, device=dev)  # sq_t, sq_r, sq_c
+            maxima = torch.zeros(2, dtype=torch.float64, device=dev)  # max_r, max_c
             for r64, c64, t64 in chunks([r, c, t], chunk, dev):
                 ok = torch.isfinite(r64) & torch.isfinite(c64) & torch.isfinite(t64)
                 t0 = torch.where(ok, t64, 0.0)
                 er = torch.where(ok, r64 - t0, 0.0)
                 ec = torch.where(ok, c64 - t0, 0.0)
-                n += int(ok.sum())
-                sq_t += float(t0.pow(2).sum())
-                sq_r += float(er.pow(2).sum())
-                sq_c += float(ec.pow(2).sum())
-                max_r = max(max_r, float(er.abs().max()))
-                max_c = max(max_c, float((ec.abs() - slack * t0.abs()).clamp_min(0).max()))
-            return n, sq_t, sq_r, sq_c, max_r, max_c
+                n += ok.sum()
+                sums += torch.stack([t0.pow(2).sum(), er.pow(2).sum(), ec.pow(2).sum()])
+                maxima = torch.maximum(maxima, torch.stack(
+                    [er.abs().max(), (ec.abs() - slack * t0.abs()).clamp_min(0).max()]))
+            sq_t, sq_r, sq_c = sums.tolist()
+            max_r, max_c = maxima.tolist()
+            return int(n), sq_t, sq_r, sq_c, max_r, max_c
 
         n, sq_t, sq_r, sq_c, max_r, max_c = with_retries(run, r.device)
         o.n += n
