@@ -221,6 +221,18 @@ def test_assigning_a_flag_its_default_is_allowed(src: str):
 
 
 @pytest.mark.parametrize("src", [
+    "import torch\ntorch.backends.cudnn.deterministic = True\n",  # CUDA-L1 level1/task81's line
+    "import torch\ntorch.backends.cudnn.benchmark = True\ntorch.backends.cudnn.deterministic = True\n",
+    "import torch.backends.cudnn as cudnn\ncudnn.deterministic = True\n",
+])
+def test_cudnn_algorithm_choice_is_the_candidates_own(src: str):
+    """Three processes: cuDNN's algorithm switches reach only the candidate's process, and neither changes precision."""
+    assert reasons(src) == [], (src, screen(src).findings)
+    assert "global_state_tampering" in reasons(src + "torch.backends.cudnn.allow_tf32 = False\n"
+                                               "torch.backends.cuda.matmul.allow_tf32 = True\n")
+
+
+@pytest.mark.parametrize("src", [
     "import torch\ntorch.backends.cudnn.fastest = True\n",
     "import torch\ntorch.backends.cudnn.workspace_limit = 768 * 1024 * 1024\n",
     "import torch\ntorch.backends.cudnn.workspace_limit_in_bytes = 1 << 30\n",
@@ -245,7 +257,6 @@ def test_code_under_a_false_hasattr_is_dead(src: str):
 
 @pytest.mark.parametrize("src", [
     "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n",  # a real change
-    "import torch\ntorch.backends.cudnn.deterministic = True\n",
     "import torch\ntorch.backends.cudnn.allow_tf32 = 0\n",  # not the default's type: not read as the default
     "import torch\nflag = True\ntorch.backends.cudnn.allow_tf32 = flag\n",  # a value the screen cannot read
     "import torch\ntorch.backends.cudnn.allow_tf32 += True\n",

@@ -12,8 +12,9 @@ Design decisions
   `verify()` compares after every correctness trial and at the end; a difference is a rejection with the
   reason code of what changed. Comparing identities catches monkey-patching whatever the patch does.
 - Precision switches (TF32, reduced-precision reductions, matmul precision, default dtype) and the thread
-  count are rejected, not restored: they change what the candidate computes. `cudnn.benchmark` is a
-  legitimate candidate-side choice (the reference runs in its own process with its own settings).
+  count are rejected, not restored: they change what the candidate computes. `cudnn.benchmark` and
+  `cudnn.deterministic` are legitimate candidate-side choices (algorithm selection, not precision; the reference
+  runs in its own process with its own settings).
 """
 from __future__ import annotations
 
@@ -53,7 +54,6 @@ def _precision_flags() -> dict:
         "grad_enabled": torch.is_grad_enabled(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "cudnn.enabled": b.cudnn.enabled,
-        "cudnn.deterministic": b.cudnn.deterministic,
         "mkldnn.enabled": b.mkldnn.enabled,
         "opt_einsum.enabled": getattr(getattr(b, "opt_einsum", None), "enabled", None),
     }
