@@ -61,3 +61,13 @@ def test_processes_bias_reports_each_process_count(tmp_path):
     assert all(row["status"] == "correct" and row["ref_ms"] > 0 for row in rows), rows
     assert rows[0]["process_speedups"] is None and len(rows[1]["process_speedups"]) == 2
     assert "processes 2: median" in r.stdout
+
+
+def test_round_order_splits_rounds_by_which_side_went_first(tmp_path):
+    """Two reps (each in its own process: a parent whose OpenMP pool ran forks sides that hang)."""
+    r = _script(tmp_path, "round_order.py", "tiny/level1/diag_matmul", "--reps", "2", "--time-budget", "0.2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    assert out.count("judge's speedup") == 2 and "rep 1:" in out, out
+    assert out.count("reference first  n=") == 2 and out.count("candidate first  n=") == 2, out
+    assert "first call of a round" in out, out
