@@ -24,21 +24,15 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # as the zygote: nothing before the sides' fork may initialise CUDA
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # as the runner gives every process of an evaluation
 os.environ.setdefault("KMP_BLOCKTIME", "0")
 
-import torch  # noqa: E402
+from worker_phases import end_sides, fork_sides, in_process_job  # noqa: E402  (torch and the zygote's imports)
 
-try:  # what the zygote imports before it forks a worker
-    import torch._dynamo  # noqa: E402, F401
-except ImportError:
-    pass
-
-from kernelcraft.judge import rounds, sideproc, timing, worker as W  # noqa: E402
+from kernelcraft.judge import rounds, timing, worker as W  # noqa: E402
 from kernelcraft.protocol import Protocol  # noqa: E402
 from kernelcraft.task import load_task  # noqa: E402
 
@@ -73,26 +67,14 @@ def logged_measure(log: list):
 def one_rep(task, source: str, device: str, precision: str, budget: float | None) -> tuple[float, list]:
     log: list = []
     rounds.timing.measure = logged_measure(log)
-    work = Path(tempfile.mkdtemp(prefix="kc-order-"))
-    (work / "reference.py").write_text(task.source)
-    (work / "candidate.py").write_text(source)
     protocol = Protocol(seed=0, processes=1, precision=precision, time_budget_s=budget).resolved(device)
-    job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"), device=device,
-               protocol=protocol.key(), cache_dir=str(work / "cache"), kernel_names=[], lock_scope="timing",
-               needs_build=True, preload=[], lock_path=str(work / "device.lock"))
+    job = in_process_job(task, source, device, protocol, "kc-order-")
     r, w = os.pipe()
-    sides = {"reference": sideproc.SideProc.fork("reference", [os.getpid()], [w])}
-    sides["candidate"] = sideproc.SideProc.fork("candidate", [os.getpid(), sides["reference"].pid],
-                                                [w, sides["reference"].end.sock.fileno()])
+    sides = fork_sides(w)
     try:
         res = W.Evaluation(job, W.Channel(os.dup(w), "order"), sides, {}).run()
     finally:
-        for side in sides.values():
-            try:
-                os.killpg(side.pid, 9)
-                os.waitpid(side.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+        end_sides(sides)
         os.close(r)
         os.close(w)
     return res["timing"]["speedup"], [(i, seq) for i, seq in log if i is not None and i >= 0 and len(seq) >= 2]

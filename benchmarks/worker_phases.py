@@ -69,6 +69,35 @@ def instrument(sync) -> tuple[dict, collections.Counter]:
     return spent, calls
 
 
+def in_process_job(task, source: str, device: str, protocol: Protocol, prefix: str, mode: str = "open",
+                   cache: str | None = None) -> dict:
+    """The files and the job message for judging `source` against `task` in this process (as the runner would)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    (work / "reference.py").write_text(task.source)
+    (work / "candidate.py").write_text(source)
+    return dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"), device=device,
+                protocol=protocol.key(), cache_dir=cache or str(work / "cache"),
+                kernel_names=screen(source, mode).kernel_names, lock_scope="timing", needs_build=True, preload=[],
+                lock_path=str(work / "device.lock"))
+
+
+def fork_sides(w: int) -> dict:
+    """The reference's and the candidate's side processes, forked from this one (the channel's `w` closed in both)."""
+    sides = {"reference": sideproc.SideProc.fork("reference", [os.getpid()], [w])}
+    sides["candidate"] = sideproc.SideProc.fork("candidate", [os.getpid(), sides["reference"].pid],
+                                                [w, sides["reference"].end.sock.fileno()])
+    return sides
+
+
+def end_sides(sides: dict) -> None:
+    for side in sides.values():
+        try:
+            os.killpg(side.pid, 9)
+            os.waitpid(side.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--task", default="level2/elementwise_chain")
@@ -92,14 +121,9 @@ def main() -> int:
         source = Path(args.candidate).read_text()
     else:
         source = task.source.replace("class Model(", "class ModelNew(")
-    work = Path(tempfile.mkdtemp(prefix="kc-phases-"))
-    (work / "reference.py").write_text(task.source)
-    (work / "candidate.py").write_text(source)
-    cache = os.environ.get("KERNELCRAFT_CACHE") or str(work / "cache")
     protocol = Protocol(trials=args.trials, seed=0, mode=args.mode, time_budget_s=args.time_budget).resolved(args.device)
-    job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"), device=args.device,
-               protocol=protocol.key(), cache_dir=cache, kernel_names=screen(source, args.mode).kernel_names,
-               lock_scope="timing", needs_build=True, preload=[], lock_path=str(work / "device.lock"))
+    job = in_process_job(task, source, args.device, protocol, "kc-phases-", args.mode,
+                         os.environ.get("KERNELCRAFT_CACHE"))
     cuda = args.device.startswith("cuda")
     spent, calls = instrument(torch.cuda.synchronize if cuda else (lambda: None))
     r, w = os.pipe()
@@ -107,9 +131,7 @@ def main() -> int:
     for rep in range(args.reps):
         spent.clear()
         calls.clear()
-        sides = {"reference": sideproc.SideProc.fork("reference", [os.getpid()], [w])}
-        sides["candidate"] = sideproc.SideProc.fork("candidate", [os.getpid(), sides["reference"].pid],
-                                                    [w, sides["reference"].end.sock.fileno()])
+        sides = fork_sides(w)
         ev = W.Evaluation(job, W.Channel(os.dup(w), "phases"), sides, {})
         prof = cProfile.Profile() if args.profile and rep == args.reps - 1 else None
         try:
@@ -117,12 +139,7 @@ def main() -> int:
             outcome = f"correct, {res['timing']['speedup']:.3f}x"
         except BaseException as e:  # noqa: BLE001 - a diagnostic: report and go on
             outcome = f"{type(e).__name__}: {e}"
-        for side in sides.values():
-            try:
-                os.killpg(side.pid, 9)
-                os.waitpid(side.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+        end_sides(sides)
         os.read(r, 1 << 20)
         print(f"rep {rep}: {outcome}")
         for label, s in sorted(spent.items(), key=lambda kv: -kv[1]):
