@@ -84,7 +84,7 @@ def check_stopped(procs: list[SideProc]) -> None:
                          f"running while another was timed (threads {', '.join(running[:4])})")
 
 
-BLOCK = 5  # consecutive rounds of one candidate process before the next takes over
+BLOCK = 6  # consecutive rounds of one candidate process before the next takes over (even: whole pairs of rounds)
 
 
 class Schedule:
