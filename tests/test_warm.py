@@ -152,6 +152,64 @@ def test_idle_judges_are_bounded_and_expire(monkeypatch):
     assert warm.idle_count() == 0
 
 
+def test_idle_judges_hold_at_most_a_share_of_their_gpu():
+    """Four idle judges of 6 GiB-input tasks held ~139 of an H200's 140 GiB and 58 of 91 baseline evaluations ran
+    out of memory: the idle judges of one GPU keep at most IDLE_MEMORY_SHARE of it, the oldest killed first;
+    other GPUs' (and CPU judges, which hold nothing) are not counted."""
+    warm.discard_all()
+    killed: list[int] = []
+    gib = 1 << 30
+
+    def on(pid, device, held):
+        w = _fake(pid, killed)
+        w.device, w.device_bytes, w.device_total = device, held * gib, 100 * gib
+        return w
+
+    warm.put("a", on(1, "0", 10))
+    warm.put("b", on(2, "1", 20))  # another GPU
+    warm.put("c", on(3, "0", 10))
+    assert killed == [] and warm.idle_count() == 3
+    warm.put("d", on(4, "0", 10))  # 30 GiB of 100 on GPU 0: the oldest of GPU 0 goes
+    assert killed == [1] and warm.idle_count() == 3
+    warm.put("e", on(5, "0", 30))  # alone above the share: not kept; the older ones still fit
+    assert killed == [1, 5] and warm.take("b") is not None
+    assert warm.discard_device("0") == 2 and sorted(killed) == [1, 3, 4, 5] and warm.idle_count() == 0
+    warm.put("f", on(6, "1", 5))
+    warm.put("g", _fake(7, killed))  # a CPU judge: no device, never counted
+    assert warm.discard_device("1") == 1 and 6 in killed and warm.idle_count() == 1
+    warm.discard_all()
+
+
+def test_a_job_crowded_out_of_device_memory_by_idle_judges_runs_again(monkeypatch, tmp_path):
+    """A job that ran out of device memory while idle judges held part of its GPU is run once more, cold, after
+    they are killed; without idle judges on that GPU the out-of-memory verdict stands."""
+    from kernelcraft.judge import runner
+
+    calls = []
+
+    def fake_run(job, work_dir, timeout_s, build_timeout_s, warm_key, reuse, root=None, visible_gpu=None):
+        calls.append((warm_key, reuse))
+        out = runner.WorkerOutcome(start="fork")
+        out.result = ({"status": "runtime_error", "reasons": ["harness_error"],
+                       "message": "kernelcraft failed: OutOfMemoryError: CUDA out of memory."}
+                      if len(calls) == 1 else {"status": "correct", "reasons": [], "message": ""})
+        return out
+
+    monkeypatch.setattr(runner, "_run", fake_run)
+    discarded = []
+    monkeypatch.setattr(warm, "discard_device", lambda d: discarded.append(d) or 2)
+    out = runner.run_worker({}, tmp_path, tmp_path, "0", 10, 10)
+    assert out.result["status"] == "correct" and out.crowded_out and "run again" in out.start
+    assert discarded == ["0"] and len(calls) == 2 and calls[1] == (None, None)  # cold, and not kept warm
+    calls.clear()
+    monkeypatch.setattr(warm, "discard_device", lambda d: 0)  # nobody else held memory: the verdict stands
+    out = runner.run_worker({}, tmp_path, tmp_path, "0", 10, 10)
+    assert out.result["status"] == "runtime_error" and len(calls) == 1 and not out.crowded_out
+    calls.clear()
+    out = runner.run_worker({}, tmp_path, tmp_path, None, 10, 10)  # a CPU job: never retried
+    assert len(calls) == 1
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -13,11 +13,14 @@ Design decisions
 - A job is not kept when its verdict puts the reference or the judge in doubt (`NOT_REUSABLE`: task or
   harness errors, tampering with a peer), on a timeout, or when the reference or the forker died: the judge
   then kills both and exits after sending the result, as a one-shot worker does.
-- The device lock is released at the end of every job (`Evaluation.release`), not at process exit.
+- The device lock is released at the end of every job (`Evaluation.hand_over_lock`), not at process exit, and only
+  after the job's device memory went back (the candidate's side reaped, the judge's and a kept reference's cached
+  blocks freed): on KernelBench's 6 GiB-input tasks the next job otherwise met the last one's memory.
 - `Evaluation` (the sequence of one job, in `worker`) is passed in, so this module does not import it.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -57,6 +60,7 @@ class Warm:
     out_kind: str
     out_arena: Arena
     ref_construct: dict  # the reference's reply to `construct` (what its construction left, e.g. its mode)
+    stateful: bool = False  # its forward changes plain-attribute state (`side.cmd_describe`)
 
 
 NOT_REUSABLE = {"task_error", "harness_error", "peer_tampering", "thread_injection"}
@@ -91,7 +95,13 @@ def serve(fd: int, evaluation_cls) -> None:
         job = json.loads(line)
         chan.nonce = job.pop("nonce")
         job.pop("fd", None)
-        out, keep = _judge_one(job, chan, forker, ref, dict(hardening), warm, sides_error, evaluation_cls)
+        out, keep, lock = _judge_one(job, chan, forker, ref, dict(hardening), warm, sides_error, evaluation_cls)
+        if keep is not None:
+            out["warm"].update(_footprint(ref, job))
+        elif lock is not None:
+            _free_device_memory(job)
+        if lock is not None:  # only now: the next job on this device must not meet this one's memory
+            lock.__exit__(None, None, None)
         chan.send("result", result=out)
         sys.stdout.flush()
         if keep is None:
@@ -138,8 +148,7 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
             "runtime_error", ["harness_error"], f"kernelcraft failed: {side_mod.describe_exception(e)}")
         out = {"status": rej.status, "reasons": rej.reasons, "message": rej.message,
                **(ev.result if ev is not None else {})}
-    if isinstance(ev, evaluation_cls):
-        ev.release()
+    lock = ev.hand_over_lock() if isinstance(ev, evaluation_cls) else None
     if getattr(ev, "cand", None) is not None:
         cand = ev.cand  # the first of the candidate's processes (its siblings ended with timing, or end below)
     end_candidate(cand, keep={p.pid for p in (ref, forker) if p is not None})
@@ -156,7 +165,34 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
         for p in (ref, forker):
             if p is not None:
                 _kill_group(p.pid)
-    return out, keep
+    return out, keep, lock
+
+
+CONTEXT_BYTES = 512 << 20  # a CUDA context's own device memory (not in the allocator's count), per process
+
+
+def _free_device_memory(job: dict) -> bool:
+    """The job's own tensors (draws, copies, arenas of the candidate) back to the device: its evaluation is gone
+    by now, but closures may hold it in a reference cycle. False on a CPU."""
+    if not str(job.get("device", "")).startswith("cuda") or not torch.cuda.is_initialized():
+        return False
+    gc.collect()
+    torch.cuda.empty_cache()
+    return True
+
+
+def _footprint(ref: SideProc, job: dict) -> dict:
+    """What a judge kept warm holds on its device once the job's own tensors are gone: the allocator's free
+    blocks go back (here and in the reference), and the rest is reported so the runner can cap what idle judges
+    hold (`warm.put`). `{}` on a CPU or when the reference does not answer (the runner then counts nothing)."""
+    if not _free_device_memory(job):
+        return {}
+    try:
+        got = ref.request({"cmd": "idle"}, phase="idle")
+        held = int(torch.cuda.memory_reserved()) + int(got.get("reserved", 0)) + 2 * CONTEXT_BYTES
+        return {"device_bytes": held, "device_total": int(torch.cuda.get_device_properties(0).total_memory)}
+    except Exception:  # noqa: BLE001 - a footprint is advice for the cache, never a verdict
+        return {}
 
 
 def _kill_group(pid: int) -> None:

@@ -10,6 +10,8 @@ Design decisions
   (`siblings.start`), take turns in blocks (`siblings.Schedule`, one untimed round after a switch), are read back
   as stopped at the audit rounds and ended before the weights check; the record's interval spans each process's
   (`timing.split`, `timing.combine`), and the stopping rule tests that interval.
+- A stateful task (`worker.Evaluation.stateful`) has both sides restored to their constructed state before every
+  timed round (`fresh_state`): the reference runs every round while each candidate process runs only in its blocks.
 - The device lock (`DeviceLock`, a flock on a per-device file: freed if the holder dies) covers timing, or the
   whole device phase when the worker took it earlier (`lock_scope` "device").
 """
@@ -43,15 +45,25 @@ def time_candidate(ev) -> None:
     def next_round(i: int) -> None:
         if order.pick(i) and i >= 0:  # another candidate process takes over: one untimed round first
             warm_up()
+        fresh_state()
         ev._write_inputs(ev._draw())
         ev._poison()
 
     def warm_up() -> None:
+        fresh_state()
         ev._write_inputs(ev._draw())
         ev._poison()
         for f in ((time_ref, time_cand) if ev.rng.random() < 0.5 else (time_cand, time_ref)):
             f()
         check_round(-1)
+
+    def fresh_state() -> None:
+        """A stateful task (its forward changes plain-attribute state, an RNN's hidden): both sides back to their
+        constructed state before every timed round, untimed, so outputs compare whichever candidate process ran
+        and however many calls each side had. The trials before timing ran the sides in step instead."""
+        if getattr(ev, "stateful", False):
+            for side in (ev.ref, procs[order.current]):
+                side.request({"cmd": "restore"}, phase="time")
 
     def time_ref() -> float:
         ms, leftover, replies["reference"] = ev.ref.timed(run_msg, clock)

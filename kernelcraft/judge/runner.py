@@ -52,6 +52,7 @@ class WorkerOutcome:
     forged: bool = False
     start: str = "spawn"  # or "fork": forked by the zygote
     phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, s since spawn); ("end", s) last
+    crowded_out: bool = False  # run again after idle judges beside it made it run out of device memory
 
     def durations(self) -> dict[str, float]:
         """Seconds spent in each phase; `spawn` is interpreter start-up and imports before the first."""
@@ -102,9 +103,34 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
         if w is not None:
             out = _run(job, work_dir, timeout_s, build_timeout_s, warm_key, w)
             if out is not None:
-                return out
-    return _run(job, work_dir, timeout_s, build_timeout_s, warm_key if warm.enabled() else None, None,
-                root=root, visible_gpu=visible_gpu)
+                return _unless_crowded_out(out, job, work_dir, root, visible_gpu, timeout_s, build_timeout_s)
+    out = _run(job, work_dir, timeout_s, build_timeout_s, warm_key if warm.enabled() else None, None,
+               root=root, visible_gpu=visible_gpu)
+    return _unless_crowded_out(out, job, work_dir, root, visible_gpu, timeout_s, build_timeout_s)
+
+
+def _int(x) -> int:
+    return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 else 0
+
+
+def _out_of_memory(out: WorkerOutcome) -> bool:
+    r = out.result if isinstance(out.result, dict) else None
+    if not r or r.get("status") != "runtime_error":
+        return False
+    return "out_of_memory" in (r.get("reasons") or []) or "out of memory" in str(r.get("message", "")).lower()
+
+
+def _unless_crowded_out(out: WorkerOutcome, job: dict, work_dir: Path, root: Path | None, visible_gpu: str | None,
+                        timeout_s: float, build_timeout_s: float) -> WorkerOutcome:
+    """A job that ran out of device memory while idle judges held part of its GPU is run once more, cold, after
+    they are killed (`warm.discard_device`): the shortage was the cache's, not the candidate's or the task's."""
+    if visible_gpu is None or not _out_of_memory(out) or warm.discard_device(visible_gpu) == 0:
+        return out
+    again = _run(job, work_dir, timeout_s, build_timeout_s, None, None, root=root or cache_root(),
+                 visible_gpu=visible_gpu)
+    again.crowded_out = True
+    again.start = f"{again.start} (run again: idle judges had crowded it out of device memory)"
+    return again
 
 
 def _run(job: dict, work_dir: Path, timeout_s: float, build_timeout_s: float, warm_key: str | None,
@@ -160,8 +186,11 @@ def _run(job: dict, work_dir: Path, timeout_s: float, build_timeout_s: float, wa
                     and not out.forged):
                 pids = [int(p) for p in info.get("pids", []) if isinstance(p, int)]
                 kill_tagged(job_tag, keep=set(pids))  # what this job's candidate exec'd; never the judge's own
+                gpu = visible_gpu if visible_gpu is not None else getattr(reuse, "device", None)
                 kept = warm.WarmWorker(proc, r_fd, first_tag, pids, bwrapped, out.start,
-                                       jobs=(reuse.jobs + 1) if reuse else 1)
+                                       jobs=(reuse.jobs + 1) if reuse else 1, device=gpu,
+                                       device_bytes=_int(info.get("device_bytes")),
+                                       device_total=_int(info.get("device_total")))
     finally:
         if kept is None:
             if not retry and not out.timed_out and not out.forged and out.result is None:

@@ -29,7 +29,7 @@ import torch
 
 from kernelcraft.builder.cache import BuildCache
 from kernelcraft.devices import arch_for
-from kernelcraft.judge import arena, guards, isolation, tripwires, weights
+from kernelcraft.judge import arena, guards, isolation, modelstate, tripwires, weights
 from kernelcraft.judge.compare import has_real_storage, is_plain_tensor
 from kernelcraft.judge.guards import Reject
 from kernelcraft.judge.wire import SideEnd
@@ -151,31 +151,32 @@ class Side:
         self.model = model.to(self.device) if isinstance(model, torch.nn.Module) else model
         mode = weights.apply_mode(self, msg)  # the protocol's module mode (judge/weights.py)
         if self.role == "reference":
-            self._initial = self._snapshot()  # after the mode is set: `reset` restores it too
+            self._initial = modelstate.Snapshot(self.model, self.device)  # after the mode: `reset` restores it too
+        self._plain0 = modelstate.plain_state(self.model)  # what `restore` puts back (stateful tasks' timed rounds)
         return {"type": "ok", **mode}
 
-    def _snapshot(self) -> dict:
-        """The reference as constructed: weights, buffers, module modes, RNG states (what `reset` restores)."""
-        snap = {"rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state() if self.device.type == "cuda" else None}
-        if isinstance(self.model, torch.nn.Module):
-            snap["state"] = {k: v.detach().clone() for k, v in self.model.state_dict(keep_vars=False).items()}
-            snap["modes"] = [m.training for m in self.model.modules()]
-        return snap
+    def cmd_restore(self, msg: dict, fds) -> dict:
+        """A stateful task's timed rounds (see `describe`): the plain-attribute state back to the constructed one
+        before each round, on both sides, so every timed call of either computes from the same state."""
+        modelstate.set_plain_state(self.model, getattr(self, "_plain0", []))
+        return {"type": "ok"}
 
     def cmd_reset(self, msg: dict, fds) -> dict:
-        """A warm reference made ready for the next candidate: exactly as it was right after construction."""
+        """A warm reference made ready for the next candidate: exactly as it was right after construction
+        (weights, buffers, tensors in plain attributes, module modes, RNG states). Also run after `describe`:
+        a stateful reference must not be a call ahead of the candidate in the first trial."""
         self.phase = "reset"
-        snap = self._initial
-        if isinstance(self.model, torch.nn.Module):
-            with torch.no_grad():
-                self.model.load_state_dict(snap["state"], strict=True)
-            for m, mode in zip(self.model.modules(), snap["modes"]):
-                m.training = mode
-        torch.set_rng_state(snap["rng"])
-        if snap["cuda_rng"] is not None:
-            torch.cuda.set_rng_state(snap["cuda_rng"])
+        self._initial.restore(self.model)
         return {"type": "ok"}
+
+    def cmd_idle(self, msg: dict, fds) -> dict:
+        """A warm reference between jobs: its last output and the allocator's free blocks go back to the device
+        (another task's evaluation may need them); what stays (weights, arenas) is reported in bytes."""
+        self._last_out = None
+        if getattr(self, "device", None) is not None and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            return {"type": "ok", "reserved": int(torch.cuda.memory_reserved())}
+        return {"type": "ok", "reserved": 0}
 
     def cmd_inputs(self, msg: dict, fds) -> dict:
         self.inputs = arena.attach(msg["arena"], fds)
@@ -204,9 +205,17 @@ class Side:
             return self.model(*self._args())
 
     def cmd_describe(self, msg: dict, fds) -> dict:
-        """The reference's output structure: what the judge allocates output arenas for."""
+        """The reference's output structure: what the judge allocates output arenas for. The call is not one of
+        the trials: the reference goes back to its constructed state after it (`reset`), or a stateful reference
+        (an RNN keeping `self.hidden`) would be one call ahead of the candidate in every trial (CUDA-L1's
+        level3/task33 and 34 were false `value_mismatch` verdicts that way)."""
         self.phase = "describe"
+        before = modelstate.plain_state(self.model)
         out = self._forward()
+        stateful = modelstate.changed(before, modelstate.plain_state(self.model))
+        if getattr(self, "_initial", None) is not None:  # only shapes and dtypes are read below
+            self.cmd_reset({}, ())
+            self.phase = "describe"
         if isinstance(out, torch.Tensor):
             items, kind = [out], "tensor"
         elif isinstance(out, (tuple, list)):
@@ -221,11 +230,17 @@ class Side:
                 specs.append({"shape": list(o.shape), "dtype": str(o.dtype).removeprefix("torch.")})
             else:
                 specs.append({"value": _plain(o)})
-        return {"type": "ok", "kind": kind, "items": specs}
+        return {"type": "ok", "kind": kind, "items": specs, "stateful": bool(stateful)}
 
     def cmd_run(self, msg: dict, fds) -> dict:
         self.phase = "check" if msg.get("check") else "time"
-        out = self._forward()
+        if msg.get("keep_state"):  # a call outside the paired ones (the weights check's old-weights run)
+            plain, rng = modelstate.plain_state(self.model), modelstate.rng_state(self.device)
+            out = self._forward()
+            modelstate.set_plain_state(self.model, plain)
+            modelstate.set_rng_state(rng)
+        else:
+            out = self._forward()
         self._last_out = out
         return self._deliver(out, check=bool(msg.get("check")))
 

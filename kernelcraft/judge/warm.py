@@ -15,6 +15,12 @@ Design decisions
 - Bounded: at most `MAX_IDLE` idle judges in all (each holds a CUDA context or two and the reference's
   weights), `MAX_IDLE_PER_KEY` per task, none idle longer than `IDLE_S`; the oldest go first. Idle judges
   are killed at interpreter exit and with `runner.kill_live_workers`. `KERNELCRAFT_WARM=0` turns reuse off.
+- Bounded in device memory too: an idle judge reports what it still holds on its GPU (the reference's
+  weights and arenas, after both processes gave their allocator's free blocks back), and the idle judges of
+  one GPU may hold at most `IDLE_MEMORY_SHARE` of it, the oldest killed first. Without this cap, four idle
+  judges of KernelBench's level-1 tasks (6 GiB inputs) held ~139 of an H200's 140 GiB, and 58 of 91 baseline
+  evaluations ran out of memory. A job that still runs out of memory while idle judges held part of its GPU is
+  run again after they are killed (`runner.run_worker`, `discard_device`): it is not the candidate's fault.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ ENV_SWITCH = "KERNELCRAFT_WARM"
 MAX_IDLE = 4
 MAX_IDLE_PER_KEY = 4
 IDLE_S = 60.0
+IDLE_MEMORY_SHARE = 0.25
 
 
 def enabled() -> bool:
@@ -57,6 +64,9 @@ class WarmWorker:
     start: str
     idle_since: float = field(default_factory=time.monotonic)
     jobs: int = 1
+    device: str | None = None  # the GPU it holds memory on (CUDA_VISIBLE_DEVICES), None on a CPU
+    device_bytes: int = 0  # what it holds there while idle (its report; 0 when it made none)
+    device_total: int = 0
 
     def alive(self) -> bool:
         try:
@@ -120,6 +130,15 @@ def put(k: str, w: WarmWorker) -> None:
         for x in everyone[:max(0, len(everyone) - MAX_IDLE)]:
             doomed.append(x)
             _IDLE[next(kk for kk, v in _IDLE.items() if x in v)].remove(x)
+        if w.device is not None and w.device_total > 0:  # newest first: whoever would exceed the share goes
+            mine = [x for x in reversed(everyone) if x.device == w.device and x not in doomed]
+            held = 0
+            for x in mine:
+                if held + x.device_bytes > IDLE_MEMORY_SHARE * w.device_total:
+                    doomed.append(x)
+                    _IDLE[next(kk for kk, v in _IDLE.items() if x in v)].remove(x)
+                else:
+                    held += x.device_bytes
         for kk in [kk for kk, v in _IDLE.items() if not v]:
             del _IDLE[kk]
     for x in doomed:
@@ -141,6 +160,21 @@ def _expire_locked() -> list[WarmWorker]:
 def idle_count() -> int:
     with _LOCK:
         return sum(len(v) for v in _IDLE.values())
+
+
+def discard_device(device: str | None) -> int:
+    """Kill the idle judges holding memory on this GPU (a job ran out of memory beside them); how many."""
+    if device is None:
+        return 0
+    with _LOCK:
+        doomed = [w for v in _IDLE.values() for w in v if w.device == device]
+        for k in list(_IDLE):
+            _IDLE[k] = [w for w in _IDLE[k] if w.device != device]
+            if not _IDLE[k]:
+                del _IDLE[k]
+    for w in doomed:
+        w.kill()
+    return len(doomed)
 
 
 def discard_all() -> int:

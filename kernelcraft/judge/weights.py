@@ -244,6 +244,9 @@ def check(ev) -> None:
                    note=f"{len(mismatch)} difference(s) between the candidate's state_dict and the reference's: "
                         "not a drop-in for the reference's weights, so the weights were not checked")
         return
+    if getattr(ev, "stateful", False):  # after timing the sides' states differ (`rounds.fresh_state`): both back
+        for side in (ev.ref, ev.cand):   # to their constructed state for this paired trial
+            side.request({"cmd": "restore"}, phase="check")
     keys = [e["key"] for e in ref]
     specs = [TensorSpec(tuple(e["shape"]), _contiguous(e["shape"]), str(e.get("dtype", "float32"))) for e in ref]
     arenas = {s.role: Arena(specs, ev.device) for s in (ev.ref, ev.cand)}
@@ -255,8 +258,8 @@ def check(ev) -> None:
     # the reference's output with its own weights, on a fresh draw the candidate never runs on before the trial
     ev._write_inputs(ev._draw())
     ev._poison()
-    r0 = ev._output("reference", ev.ref.request(dict(cmd="run", check=True), phase="check").get("values", []),
-                    copy=True)
+    r0 = ev._output("reference", ev.ref.request(dict(cmd="run", check=True, keep_state=True),  # not a paired call:
+                                                phase="check").get("values", []), copy=True)  # state kept
     loaded = _load(ev, arenas, keys, new, rec)
     if loaded == "reference":
         _load(ev, arenas, keys, original, {})  # both back on the old weights

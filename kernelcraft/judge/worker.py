@@ -131,13 +131,14 @@ class Evaluation:
 
     def _take_device(self) -> None:
         self.enter("wait_device")
-        self.device_lock = rounds.DeviceLock(self.job.get("lock_path")).__enter__()  # freed by `release`, or exit
+        # given back by `jobs.serve` (`hand_over_lock`), or at exit
+        self.device_lock = rounds.DeviceLock(self.job.get("lock_path")).__enter__()
 
-    def release(self) -> None:
-        """The end of this job: the device lock goes back (a warm judge lives on)."""
-        if self.device_lock is not None:
-            self.device_lock.__exit__(None, None, None)
-            self.device_lock = None
+    def hand_over_lock(self):
+        """The end of this job: the device lock (or None), detached from this evaluation, for the caller to give
+        back once the job's device memory is (`jobs.serve`); a warm judge lives on."""
+        lock, self.device_lock = self.device_lock, None
+        return lock
 
     def _construct(self) -> None:
         try:
@@ -170,9 +171,10 @@ class Evaluation:
             s.request(dict(cmd="inputs", arena=desc, values=values), fds)
         self._write_inputs(first)
         if warm:
-            self.out_kind, self.out_specs = warm.out_kind, warm.out_specs
+            self.out_kind, self.out_specs, self.stateful = warm.out_kind, warm.out_specs, warm.stateful
         else:
             d = self.ref.request({"cmd": "describe"}, phase="init")
+            self.stateful = bool(d.get("stateful"))
             self.out_kind = d["kind"]
             self.out_specs = [TensorSpec(tuple(i["shape"]), _contiguous(i["shape"]), i["dtype"])
                               if "shape" in i else None for i in d["items"]]
@@ -183,7 +185,7 @@ class Evaluation:
             self.out_arenas[s.role] = a
             s.request(dict(cmd="outputs", arena=desc, kind=self.out_kind), fds)
         self.ready = Warm(self.task, self.in_specs, values, self.in_arenas["reference"], self.out_specs,
-                          self.out_kind, self.out_arenas["reference"], self.ref_construct)
+                          self.out_kind, self.out_arenas["reference"], self.ref_construct, self.stateful)
         self.result["guards"] += ["separate_processes", "secret_inputs", "inputs_verified", "outputs_poisoned"]
 
     # -- inputs and outputs ------------------------------------------------------------------------------

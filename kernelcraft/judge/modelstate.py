@@ -1,0 +1,92 @@
+"""A model's state as the judge must restore it: weights, buffers, module modes, RNG streams, and tensors kept in
+plain attributes.
+
+Design decisions
+- A side is called many times, and not always as often as the other side: the reference's `describe` call, the
+  weights check's extra old-weights call, the reference timed every round while each candidate process runs in
+  its blocks. For most tasks a call leaves nothing behind; a stateful one (KernelBench level 3's RNNs keep
+  `self.hidden` in a plain attribute and replace it every call) leaves its next output depending on how many
+  calls came before. CUDA-L1's level3/task33 and task34 were false `value_mismatch` verdicts that way: the
+  reference was one call ahead of the candidate in every trial.
+- What counts as state here: parameters and buffers (the state_dict), each module's `training` flag, the CPU and
+  CUDA RNG states, and every tensor (or public `None`) in a module's own attributes. Python numbers or lists a
+  forward mutates are not covered; no KernelBench task keeps such state.
+- `Snapshot` is the whole constructed state (the warm reference's `reset`); `plain_state` is the cheap part a
+  stateful task changes, put back between timed rounds (`side.cmd_restore`) or around an unpaired call.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernelcraft.judge import tripwires
+
+
+def plain_state(model) -> list:
+    """Tensors a forward may carry in plain module attributes, cloned: [(module index, name, tensor or None)]."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    return [(i, name, v.detach().clone() if isinstance(v, torch.Tensor) else None)
+            for i, m in enumerate(model.modules()) for name, v in vars(m).items()
+            if isinstance(v, torch.Tensor) or (v is None and not name.startswith("_"))]
+
+
+def set_plain_state(model, attrs: list) -> None:
+    """The values of `plain_state` back, each where the model keeps that attribute now: a forward that moved its
+    state to the input's device once and remembers so in a flag (CUDA-L1's level3/task34 caches `_device_cache`)
+    must not get it back on the CPU, where its constructor made it."""
+    if not isinstance(model, torch.nn.Module):
+        return
+    mods = list(model.modules())
+    for i, name, v in attrs:
+        now = getattr(mods[i], name, None)
+        if v is None:
+            setattr(mods[i], name, None)
+        elif isinstance(now, torch.Tensor) and now.shape == v.shape:
+            setattr(mods[i], name, v.to(device=now.device, dtype=now.dtype, copy=True))
+        else:
+            setattr(mods[i], name, v.clone())
+
+
+def changed(before: list, after: list) -> bool:
+    """Did a call change the plain-attribute state (`plain_state` before and after)?"""
+    if [a[:2] for a in before] != [b[:2] for b in after]:
+        return True
+    return not all(_same(a[2], b[2]) for a, b in zip(before, after))
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.device == b.device and tripwires.same_values(a, b)
+
+
+def rng_state(device: torch.device) -> tuple:
+    return torch.get_rng_state(), (torch.cuda.get_rng_state() if device.type == "cuda" else None)
+
+
+def set_rng_state(state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1])
+
+
+class Snapshot:
+    """A model's whole state, taken once (right after construction) and restored any number of times."""
+
+    def __init__(self, model, device: torch.device):
+        self.rng = rng_state(device)
+        self.state = self.modes = None
+        self.attrs: list = []
+        if isinstance(model, torch.nn.Module):
+            self.state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=False).items()}
+            self.modes = [m.training for m in model.modules()]
+            self.attrs = plain_state(model)
+
+    def restore(self, model) -> None:
+        if isinstance(model, torch.nn.Module):
+            with torch.no_grad():
+                model.load_state_dict(self.state, strict=True)
+            for m, mode in zip(model.modules(), self.modes):
+                m.training = mode
+            set_plain_state(model, self.attrs)
+        set_rng_state(self.rng)
