@@ -80,6 +80,9 @@ class Correctness(BaseModel):
     cand_err: float | None = Field(None, description="calibrated: the candidate's RMS error vs float64, relative")
     ref_max_err: float | None = None
     cand_max_err: float | None = None
+    envelope_err: float | None = Field(None, description="calibrated, GPU: the reference's RMS error vs float64 with "
+                                       "its convolutions in TF32 (cuDNN's default), relative; the bound uses it where "
+                                       "it exceeds ref_err (judge/fp64.py)")
     partial_trials: int | None = Field(None, description="trials on the previous inputs with a few elements changed "
                                        "(same addresses) that passed")
     partial_skipped: int | None = Field(None, description="partial trials skipped: the reference failed on the "

@@ -18,6 +18,16 @@ Design decisions
   and says why. This function never raises: a failure here is never the task's or the candidate's.
 - Outputs are written into the judge's float64 arena (views given by the judge; None where the judge wants
   no truth: integer, bool, float64 or complex outputs).
+- The default-precision envelope (`envelope=True`: a GPU whose reference process leaves cuDNN's TF32 on, PyTorch's
+  default). An fp32 convolution may run in TF32 without anyone asking: cuDNN picks the algorithm, and a
+  memory-format change alone (channels-last) can move an honest candidate onto a TF32 kernel while the reference's
+  own call (3 input channels, say) got a full-fp32 one. Measured against the reference's own error alone, that is
+  a 300-3000x "downgrade" (four of CUDA-L1's H100 kernels, each fixed by `cudnn.allow_tf32 = False`). So when the
+  float64 call ran convolutions, a second float64 call rounds every convolution's input and weight to TF32 (10
+  mantissa bits, as tensor cores read them) and reports, per output, how far that lands from the truth (sums of
+  squares, max, count). The rule (`precision`) accepts errors up to that envelope as it does the reference's own:
+  what the platform's defaults allow the reference's operations. bf16 (7 bits) stays beyond it, and TF32 matmuls
+  (off by default) get no envelope.
 """
 from __future__ import annotations
 
@@ -27,6 +37,46 @@ import copy
 import torch
 
 _LOWER = (torch.float32, torch.float16, torch.bfloat16, torch.complex64)
+_CONVOLUTIONS = (torch.ops.aten.convolution, torch.ops.aten._convolution, torch.ops.aten.convolution_overrideable)
+_CHUNK = 1 << 24
+
+
+def tf32_round(x: torch.Tensor) -> torch.Tensor:
+    """A float64 tensor's values as TF32 holds them (fp32 with the low 13 mantissa bits rounded away, to nearest
+    even), back in float64."""
+    xi = x.to(torch.float32).contiguous().view(torch.int32)
+    rounded = (xi + 0xFFF + ((xi >> 13) & 1)) & ~0x1FFF
+    return rounded.view(torch.float32).to(torch.float64)
+
+
+def _tf32_convolutions():
+    """A TorchDispatchMode that rounds every convolution's input and weight to TF32 (None without the API)."""
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except Exception:  # noqa: BLE001
+        return None
+
+    class Tf32Convolutions(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in _CONVOLUTIONS and len(args) >= 2:
+                args = (tf32_round(args[0]), tf32_round(args[1]), *args[2:])
+            return func(*args, **(kwargs or {}))
+
+    return Tf32Convolutions()
+
+
+def _distance(a: torch.Tensor, t: torch.Tensor) -> dict:
+    """{sq, max, n}: a's squared and largest distance from t over elements finite in both (chunked)."""
+    sq, mx, n = 0.0, 0.0, 0
+    fa, ft = a.reshape(-1), t.reshape(-1)
+    for i in range(0, fa.numel(), _CHUNK):
+        x, y = fa[i:i + _CHUNK], ft[i:i + _CHUNK]
+        ok = torch.isfinite(x) & torch.isfinite(y)
+        d = torch.where(ok, x - y, 0.0)
+        sq += float(d.pow(2).sum())
+        mx = max(mx, float(d.abs().max())) if d.numel() else mx
+        n += int(ok.sum())
+    return {"sq": sq, "max": mx, "n": n}
 
 
 def _watcher():
@@ -40,8 +90,11 @@ def _watcher():
 
     class Float64Only(TorchDispatchMode):
         lower: str | None = None
+        convolutions: int = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in _CONVOLUTIONS:
+                self.convolutions += 1
             out = func(*args, **(kwargs or {}))
             if self.lower is None:
                 for t in tree_flatten(out)[0]:
@@ -69,9 +122,10 @@ def _widen(x):
     return x.detach().to(torch.float64) if (x.is_floating_point() and x.dtype != torch.float64) else x.detach().clone()
 
 
-def evaluate(model, args: list, outs: list, device: torch.device) -> dict:
+def evaluate(model, args: list, outs: list, device: torch.device, envelope: bool = False) -> dict:
     """Run a float64 copy of `model` on `args`; copy its outputs into `outs` (float64 views, None where none is
-    wanted). Returns {"available": [bool per output], "note": str}; never raises."""
+    wanted). Returns {"available": [bool per output], "note": str} and, with `envelope` when the call ran
+    convolutions, "envelope": [{sq, max, n} or None per output] (module docstring); never raises."""
     n = len(outs)
     none = {"available": [False] * n}
     if not isinstance(model, torch.nn.Module):
@@ -102,10 +156,38 @@ def evaluate(model, args: list, outs: list, device: torch.device) -> dict:
             available.append(ok)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        return {"available": available, "note": ""}
+        got = {"available": available, "note": ""}
+        if envelope and watch is not None and watch.convolutions:
+            del model64, out
+            model64 = out = None
+            got["envelope"] = _envelope(model, args64, outs, available, device)
+        return got
     except BaseException as e:  # noqa: BLE001 - never the task's failure: the judge falls back to the fixed rule
         return {**none, "note": f"the float64 reference failed: {type(e).__name__}: {str(e)[:300]}"}
     finally:
         del model64, args64, out  # freed by reference counting (a gc.collect() here cost ~0.15 s a trial)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _envelope(model, args64: list, outs: list, available: list, device: torch.device) -> list | None:
+    """The float64 call again with TF32 convolutions: per output, its distance from the truth in `outs`."""
+    mode = _tf32_convolutions()
+    if mode is None:
+        return None
+    model64 = out = None
+    try:
+        model64 = copy.deepcopy(model).to(torch.float64)
+        devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+            if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), _default_dtype(torch.float64), mode:
+            out = model64(*args64)
+        items = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else []
+        if len(items) != len(outs):
+            return None
+        return [_distance(o, buf) if ok and isinstance(o, torch.Tensor) and o.shape == buf.shape else None
+                for o, buf, ok in zip(items, outs, available)]
+    except Exception:  # noqa: BLE001 - no envelope: the reference's own error alone calibrates, as before
+        return None
+    finally:
+        del model64, out

@@ -82,11 +82,13 @@ class Snapshot:
             self.modes = [m.training for m in model.modules()]
             self.attrs = plain_state(model)
 
-    def restore(self, model) -> None:
+    def restore(self, model, rng: bool = True) -> None:
+        """Everything back; `rng=False` leaves the RNG streams as they are (see `side.cmd_describe`)."""
         if isinstance(model, torch.nn.Module):
             with torch.no_grad():
                 model.load_state_dict(self.state, strict=True)
             for m, mode in zip(model.modules(), self.modes):
                 m.training = mode
             set_plain_state(model, self.attrs)
-        set_rng_state(self.rng)
+        if rng:
+            set_rng_state(self.rng)

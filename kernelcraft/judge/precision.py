@@ -77,6 +77,9 @@ class Output:
     max_c: float = 0.0
     fixed_missed: int = 0
     dtype: torch.dtype = torch.float32
+    n_e: int = 0  # the default-precision envelope (`fp64`: the reference with TF32 convolutions), pooled
+    sq_e: float = 0.0
+    max_e: float = 0.0
 
     @property
     def scale(self) -> float:
@@ -84,14 +87,16 @@ class Output:
 
     def errors(self) -> dict:
         rms = lambda s: math.sqrt(s / self.n) if self.n else 0.0  # noqa: E731
-        return dict(rms_r=rms(self.sq_r), rms_c=rms(self.sq_c), max_r=self.max_r, max_c=self.max_c)
+        return dict(rms_r=rms(self.sq_r), rms_c=rms(self.sq_c), max_r=self.max_r, max_c=self.max_c,
+                    rms_e=math.sqrt(self.sq_e / self.n_e) if self.n_e else 0.0, max_e=self.max_e)
 
     def bounds(self, factor: float) -> tuple[float, float, float]:
-        """(F used, RMS bound, max bound), absolute."""
+        """(F used, RMS bound, max bound), absolute: F times the reference's own error, or the error its
+        convolutions would have in TF32 where the platform's defaults allow that (the envelope), if larger."""
         f = factor * max(1.0, math.sqrt(SMALL_N / max(self.n, 1)))
         floor = FLOOR_ULPS * unit_roundoff(self.dtype) * max(self.scale, torch.finfo(self.dtype).tiny)
         e = self.errors()
-        return f, f * e["rms_r"] + floor, MAX_FACTOR * f * e["max_r"] + floor
+        return f, f * max(e["rms_r"], e["rms_e"]) + floor, MAX_FACTOR * f * max(e["max_r"], e["max_e"]) + floor
 
     def usage(self, factor: float) -> float:
         """How much of the bound the candidate used (<= 1 passes)."""
@@ -110,10 +115,12 @@ class Output:
     def describe(self, factor: float, where: str) -> str:
         f, b_rms, b_max = self.bounds(factor)
         e, s = self.errors(), max(self.scale, 1e-30)
+        env = (f" (with its convolutions in TF32, cuDNN's default: {e['rms_e'] / s:.3g} RMS, {e['max_e'] / s:.3g} max)"
+               if self.n_e else "")
         return (f"{where}error vs the float64 reference {e['rms_c'] / s:.3g} RMS, {e['max_c'] / s:.3g} max beyond "
                 f"{FLOOR_ULPS} ulps (relative "
                 f"to the output's RMS {self.scale:.3g}); the reference's own fp32 error {e['rms_r'] / s:.3g} RMS, "
-                f"{e['max_r'] / s:.3g} max; allowed {b_rms / s:.3g} RMS, {b_max / s:.3g} max ({f:.3g}x the "
+                f"{e['max_r'] / s:.3g} max{env}; allowed {b_rms / s:.3g} RMS, {b_max / s:.3g} max ({f:.3g}x the "
                 f"reference's error + a {FLOOR_ULPS}-ulp floor): less precise than the reference computes")
 
 
@@ -189,11 +196,26 @@ class Rule:
         self.arena.base.fill_(255)  # NaN: a float64 value never written is never taken for truth
         got = self.reference.request(msg, fds, phase="check")
         avail = got.get("available") or [False] * len(self.outputs)
+        self._envelope(got.get("envelope"))
         lost = [o for o, ok in zip(self.outputs, avail) if o.mode == "calibrated" and not ok]
         if lost and sticky:
             self._fallback(lost, str(got.get("note") or "no float64 value for this output")[:300])
         return [t if (o.mode == "calibrated" and ok) else None
                 for t, o, ok in zip(self.arena.tensors, self.outputs, avail)]
+
+    def _envelope(self, env) -> None:
+        """Pool the reference side's default-precision envelope (`fp64`), numbers only, per calibrated output."""
+        if not isinstance(env, list):
+            return
+        for o, e in zip(self.outputs, env):
+            if o.mode != "calibrated" or not isinstance(e, dict):
+                continue
+            try:
+                sq, mx, n = float(e["sq"]), float(e["max"]), int(e["n"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if n > 0 and math.isfinite(sq) and math.isfinite(mx) and sq >= 0 and mx >= 0:
+                o.sq_e, o.max_e, o.n_e = o.sq_e + sq, max(o.max_e, mx), o.n_e + n
 
     def release(self) -> None:
         """After the correctness trials: the reference's side and the judge drop the float64 arena."""
@@ -280,6 +302,8 @@ class Rule:
             rec.update(precision_factor=self.factor, err_ratio=worst.usage(self.factor),
                        ref_err=e["rms_r"] / s, cand_err=e["rms_c"] / s,
                        ref_max_err=e["max_r"] / s, cand_max_err=e["max_c"] / s)
+            if worst.n_e:
+                rec["envelope_err"] = e["rms_e"] / s
         return rec
 
     def timed_tolerance(self, atol, rtol) -> tuple:

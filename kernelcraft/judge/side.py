@@ -214,8 +214,10 @@ class Side:
         out = self._forward()
         stateful = modelstate.changed(before, modelstate.plain_state(self.model))
         if getattr(self, "_initial", None) is not None:  # only shapes and dtypes are read below
-            self.cmd_reset({}, ())
-            self.phase = "describe"
+            # the RNG stays as the call left it: a reference drawing random numbers in forward cannot be matched
+            # anyway (precision's nondeterministic fallback), and RNG streams in step would only move that mismatch
+            # into the timed rounds of a second candidate process
+            self._initial.restore(self.model, rng=False)
         if isinstance(out, torch.Tensor):
             items, kind = [out], "tensor"
         elif isinstance(out, (tuple, list)):
@@ -338,7 +340,8 @@ class Side:
             return {"type": "ok"}
         from kernelcraft.judge import fp64  # the reference's side only: never loaded with candidate code
 
-        return {"type": "ok", **fp64.evaluate(self.model, self._args(), self.truth, self.device)}
+        envelope = self.device.type == "cuda" and bool(torch.backends.cudnn.allow_tf32)  # PyTorch's default: on
+        return {"type": "ok", **fp64.evaluate(self.model, self._args(), self.truth, self.device, envelope)}
 
     def cmd_null(self, msg: dict, fds) -> dict:
         """The empty round trip the judge subtracts: a call without forward. After a first `run` it delivers the
