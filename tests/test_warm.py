@@ -208,6 +208,10 @@ def test_a_job_crowded_out_of_device_memory_by_idle_judges_runs_again(monkeypatc
     calls.clear()
     out = runner.run_worker({}, tmp_path, tmp_path, None, 10, 10)  # a CPU job: never retried
     assert len(calls) == 1
+    assert not runner._out_of_memory(runner.WorkerOutcome(result={  # a candidate's own exception text is not one
+        "status": "runtime_error", "reasons": ["exception"], "message": "RuntimeError: out of memory (says who?)"}))
+    assert runner._out_of_memory(runner.WorkerOutcome(result={
+        "status": "runtime_error", "reasons": ["task_error"], "message": "the reference failed: out of memory"}))
 
 
 def _alive(pid: int) -> bool:

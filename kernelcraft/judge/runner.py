@@ -114,10 +114,14 @@ def _int(x) -> int:
 
 
 def _out_of_memory(out: WorkerOutcome) -> bool:
+    """The judge reported an out-of-memory: the candidate's (`out_of_memory`), or the judge's or reference's own
+    (harness or task error naming it). Not a candidate's exception whose text merely says so."""
     r = out.result if isinstance(out.result, dict) else None
     if not r or r.get("status") != "runtime_error":
         return False
-    return "out_of_memory" in (r.get("reasons") or []) or "out of memory" in str(r.get("message", "")).lower()
+    reasons = r.get("reasons") or []
+    return "out_of_memory" in reasons or (bool({"harness_error", "task_error"} & set(reasons))
+                                          and "out of memory" in str(r.get("message", "")).lower())
 
 
 def _unless_crowded_out(out: WorkerOutcome, job: dict, work_dir: Path, root: Path | None, visible_gpu: str | None,
