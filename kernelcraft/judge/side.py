@@ -152,7 +152,8 @@ class Side:
         mode = weights.apply_mode(self, msg)  # the protocol's module mode (judge/weights.py)
         if self.role == "reference":
             self._initial = modelstate.Snapshot(self.model, self.device)  # after the mode: `reset` restores it too
-        self._plain0 = modelstate.plain_state(self.model)  # what `restore` puts back (stateful tasks' timed rounds)
+        # what `restore` puts back (stateful tasks' timed rounds); restoring clones, so the reference shares its copy
+        self._plain0 = self._initial.attrs if self.role == "reference" else modelstate.plain_state(self.model)
         return {"type": "ok", **mode}
 
     def cmd_restore(self, msg: dict, fds) -> dict:
