@@ -240,9 +240,6 @@ def test_pairs_bench_counts_and_fast_p(tmp_path, cache_dir):
     assert (s["tasks"], s["correct"], s["input_errors"], s["items_total"]) == (6, 2, 2, 8)
     assert s["statuses"] == {"correct": 2, "incorrect": 2, "rejected": 1, "no_candidate": 1}
     assert {"value_mismatch", "timer_tampering", "lazy_output", "no_candidate"} <= set(s["reasons"])
-    sixth = 1 / 6
-    assert s["fast_p"] == pytest.approx({"0": 2 * sixth, "0.5": sixth, "0.8": sixth, "1": sixth, "1.5": sixth,
-                                         "2": sixth})
     assert s["by_level"]["1"]["tasks"] == 3 and s["by_level"]["1"]["correct"] == 2
     assert s["by_level"]["2"]["tasks"] == 3 and s["by_level"]["2"]["correct"] == 0
     assert s["fast_p_vs_compile"] is None  # no compile baseline asked for
@@ -251,7 +248,10 @@ def test_pairs_bench_counts_and_fast_p(tmp_path, cache_dir):
     assert len(lines) == 8 and len({ln["key"] for ln in lines}) == 8
     by = {ln["item"]: ln for ln in lines}
     fast, slow = by["level1/task1"]["speedup"], by["level1/task2"]["speedup"]
-    assert fast > 2 and slow < 0.5
+    assert fast > 1.5 and slow < 0.5  # ~2.4x and ~0.2x on the 2-core host; 2 was too close to the fast one under load
+    # fast_p counts correct items above each threshold over all six scored tasks (the two correct ones measured above)
+    assert s["fast_p"] == pytest.approx({k: sum(x > p for x in (fast, slow)) / 6
+                                         for k, p in zip(("0", "0.5", "0.8", "1", "1.5", "2"), (0, .5, .8, 1, 1.5, 2))})
     assert s["geomean_speedup"] == pytest.approx((fast * slow) ** (1 / 6))
     assert s["geomean_speedup_correct"] == pytest.approx((fast * slow) ** 0.5)
     assert by["level1/task1"]["extra"] == {"level_id": 1, "task_id": 1, "score_default": 9.9, "note": "kept"}
