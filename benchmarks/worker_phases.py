@@ -128,10 +128,15 @@ def main() -> int:
     spent, calls = instrument(torch.cuda.synchronize if cuda else (lambda: None))
     r, w = os.pipe()
     print(f"import torch {IMPORT_TORCH_S:.2f} s · {task.name} · {args.device} · {args.mode}")
+    threads = torch.get_num_threads()
     for rep in range(args.reps):
         spent.clear()
         calls.clear()
+        torch.set_num_threads(threads)  # the sides get the default, as a real judge's (forked before it sets 1)
         sides = fork_sides(w)
+        # the judge's own work single-threaded, as in `jobs.serve`: an OpenMP pool run here would be inherited by
+        # the next rep's sides, which then hung in their first parallel op on the CPU
+        torch.set_num_threads(1)
         ev = W.Evaluation(job, W.Channel(os.dup(w), "phases"), sides, {})
         prof = cProfile.Profile() if args.profile and rep == args.reps - 1 else None
         try:
