@@ -106,6 +106,27 @@ def test_metrics_definitions():
     assert math.isclose(m["geomean_speedup_vs_compile"], (1.5 * 0.25) ** 0.25)
     empty = metrics([])
     assert empty["tasks"] == 0 and empty["fast_p"]["1"] is None and empty["geomean_speedup"] is None
+    assert empty["geomean_speedup_ci95"] is None and empty["fast_p_range"]["1"] is None
+
+
+def test_metrics_intervals_from_the_per_task_cis():
+    """The leaderboard row's error bars: fast_p as the range the per-task CIs allow, the geomean's CI from each
+    task's log-speedup spread (failures: 1.0, no spread)."""
+    rows = [{"correct": True, "speedup": 3.0, "speedup_vs_compile": 1.5, "ci95": [2.5, 3.6]},
+            {"correct": True, "speedup": 1.05, "speedup_vs_compile": 0.525, "ci95": [0.9, 1.2]},  # straddles 1
+            {"correct": True, "speedup": 0.5, "speedup_vs_compile": 0.25, "ci95": None},  # no interval: its point
+            {"correct": False, "speedup": None, "speedup_vs_compile": None, "ci95": None}]
+    m = metrics(rows, vs_compile=True)
+    assert m["fast_p"]["1"] == 0.5 and m["fast_p_range"]["1"] == [0.25, 0.5]
+    assert m["fast_p_range"]["0"] == [0.75, 0.75] and m["fast_p_range"]["2"] == [0.25, 0.25]
+    lo, hi = m["geomean_speedup_ci95"]
+    assert lo < m["geomean_speedup"] < hi
+    sig = [(math.log(3.6) - math.log(2.5)) / 3.919928, (math.log(1.2) - math.log(0.9)) / 3.919928]
+    half = 1.959964 * math.sqrt(sum(x * x for x in sig)) / 4
+    assert math.isclose(math.log(hi / m["geomean_speedup"]), half, rel_tol=1e-6)
+    assert m["fast_p_vs_compile_range"]["1"] == [0.25, 0.25]  # 1.5 [1.25-1.8]; 0.525 [0.45-0.6]
+    exact = metrics([{"correct": True, "speedup": 2.0, "ci95": [2.0, 2.0]}])
+    assert exact["geomean_speedup_ci95"] == [2.0, 2.0]
 
 
 # ---- sources --------------------------------------------------------------------------------------------

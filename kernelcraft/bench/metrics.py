@@ -13,6 +13,13 @@ Design decisions
     paired measurements (each candidate and each baseline was timed against eager in its own worker),
     not one direct comparison. A task where no compile baseline was correct compares against eager.
     `fast_p_vs_compile`, `geomean_speedup_vs_compile`, ... as above; null without a compile baseline.
+- Intervals from the per-task CIs (the leaderboard row's error bars: how much the numbers could move from the
+  timing alone, not from the choice of tasks): `fast_p_range` = [fraction correct with the CI's *lower* end
+  above p, fraction with its *upper* end above p] (a task whose interval straddles p counts in the upper end
+  only); `geomean_speedup_ci95` = the geomean with each task's log-speedup given the normal spread its 95% CI
+  implies (failures: 1.0, no spread), exp(mean ± 1.96 · sqrt(Σσ²) / n). Vs compile the same with the candidate's
+  interval over the compile baseline's point estimate (the baseline's own spread is not added). A correct item
+  without an interval counts at its point estimate.
 - `summarise` builds the summary record (the `--json` contract's keys first, then per-item rows,
   baseline metrics per baseline and level, and what this invocation did); `report` renders it.
 """
@@ -41,14 +48,44 @@ def median(xs) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _interval(r: dict, key: str) -> tuple[float, float]:
+    """A correct row's 95% interval of `key` (its point estimate when it has none), scaled like the key."""
+    ci = r.get("ci95")
+    x = r[key]
+    if not ci or len(ci) != 2 or not all(isinstance(v, (int, float)) and v > 0 for v in ci) or not r.get("speedup"):
+        return x, x
+    scale = x / r["speedup"]  # 1 vs eager; 1 / best compile speedup vs compile
+    return ci[0] * scale, ci[1] * scale
+
+
+def geomean_ci(rows: list[dict], ok: list[dict], key: str) -> list[float] | None:
+    """exp(mean ± 1.96 · sqrt(Σσ²) / n) of log speedups, σ from each correct task's 95% CI (failures: 1.0, σ = 0)."""
+    if not rows:
+        return None
+    logs, var = [], 0.0
+    for r in rows:
+        if r not in ok or not r[key] or r[key] <= 0:
+            logs.append(0.0)
+            continue
+        lo, hi = _interval(r, key)
+        logs.append(math.log(r[key]))
+        var += ((math.log(hi) - math.log(lo)) / (2 * 1.959964)) ** 2 if lo > 0 and hi > 0 else 0.0
+    mean, half = sum(logs) / len(logs), 1.959964 * math.sqrt(var) / len(logs)
+    return [math.exp(mean - half), math.exp(mean + half)]
+
+
 def metrics(rows: list[dict], *, vs_compile: bool = False) -> dict:
-    """Metrics over rows {correct: bool, speedup: float|None[, speedup_vs_compile]} (module docstring)."""
+    """Metrics over rows {correct: bool, speedup: float|None[, speedup_vs_compile, ci95]} (module docstring)."""
     n = len(rows)
     ok = [r for r in rows if r["correct"] and r.get("speedup") is not None]
 
     def block(key: str, suffix: str) -> dict:
         return {
             f"fast_p{suffix}": {k: (sum(r[key] > p for r in ok) / n if n else None) for k, p in zip(P_KEYS, P_VALUES)},
+            f"fast_p{suffix}_range": {k: ([sum(_interval(r, key)[0] > p for r in ok) / n,
+                                           sum(_interval(r, key)[1] > p for r in ok) / n] if n else None)
+                                      for k, p in zip(P_KEYS, P_VALUES)},
+            f"geomean_speedup{suffix}_ci95": geomean_ci(rows, ok, key),
             f"geomean_speedup{suffix}": geomean([r[key] if r in ok else 1.0 for r in rows]),
             f"median_speedup{suffix}": median([r[key] if r in ok else 1.0 for r in rows]),
             f"geomean_speedup{suffix}_correct": geomean([r[key] for r in ok]),
@@ -120,7 +157,8 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
         "tasks": len({it.task.sha256 for it in items if it.task is not None and it.error is None}), "correct": None,
         "fast_p": None, "geomean_speedup": None, "median_speedup": None}
     if scored and not with_compile:
-        m.update({"fast_p_vs_compile": None, "geomean_speedup_vs_compile": None, "median_speedup_vs_compile": None})
+        m.update({"fast_p_vs_compile": None, "geomean_speedup_vs_compile": None, "median_speedup_vs_compile": None,
+                  "fast_p_vs_compile_range": None, "geomean_speedup_vs_compile_ci95": None})
     base_summary = {}
     shas = list(dict.fromkeys(it.task.sha256 for it in items if it.task is not None and it.error is None))
     levels = {it.task.sha256: it.level for it in items if it.task is not None}

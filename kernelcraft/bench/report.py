@@ -32,6 +32,13 @@ def _pct(v) -> str:
     return "—" if v is None else f"{100 * v:.0f}%"
 
 
+def _spread(lo_hi, fmt) -> str:
+    """' [lo–hi]' in small print, or '' without an interval (what the per-task CIs allow, `metrics`)."""
+    if not lo_hi or None in lo_hi or lo_hi[0] == lo_hi[1]:
+        return ""
+    return f"<span class='muted' style='font-size:11px'> [{fmt(lo_hi[0])}–{fmt(lo_hi[1])}]</span>"
+
+
 def _log_range(values) -> tuple[float, float]:
     vals = [v for v in values if v and v > 0] + [1.0]
     lo, hi = math.log10(max(min(vals) / 1.3, 1e-3)), math.log10(max(vals) * 1.3)
@@ -151,10 +158,11 @@ def _fast_table(summary: dict) -> str:
             rows.append((f"level {lv}, vs best torch.compile", m, "_vs_compile"))
     body = []
     for label, m, sfx in rows:
-        fp = m.get(f"fast_p{sfx}") or {}
+        fp, rng = m.get(f"fast_p{sfx}") or {}, m.get(f"fast_p{sfx}_range") or {}
         body.append(f"<tr><td>{_e(label)}</td><td class='num'>{m.get('tasks', '')}</td>"
-                    + "".join(f"<td class='num'>{_pct(fp.get(k))}</td>" for k in keys)
-                    + f"<td class='num'>{_x(m.get(f'geomean_speedup{sfx}'))}</td>"
+                    + "".join(f"<td class='num'>{_pct(fp.get(k))}{_spread(rng.get(k), _pct)}</td>" for k in keys)
+                    + f"<td class='num'>{_x(m.get(f'geomean_speedup{sfx}'))}"
+                    f"{_spread(m.get(f'geomean_speedup{sfx}_ci95'), _x)}</td>"
                     f"<td class='num'>{_x(m.get(f'median_speedup{sfx}'))}</td>"
                     f"<td class='num'>{_x(m.get(f'geomean_speedup{sfx}_correct'))}</td></tr>")
     return ("<table id='fastp'><tr><th>scope</th><th>tasks</th>" + head + "<th>geomean (failures = 1)</th>"

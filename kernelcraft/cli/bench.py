@@ -108,11 +108,14 @@ def _bench_table(s: dict) -> None:
             rows.append((f"L{lv}/compile", m, "_vs_compile"))
     for label, m, sfx in rows:
         fp = m[f"fast_p{sfx}"]
+        ci = m.get(f"geomean_speedup{sfx}_ci95")
+        geo = _fx(m[f"geomean_speedup{sfx}"]) + (f" [{_fx(ci[0])}–{_fx(ci[1])}]" if ci and ci[0] != ci[1] else "")
         t.add_row(label, str(m["tasks"]), str(m["correct"]), *[_fpct(fp[k]) for k in keys],
-                  _fx(m[f"geomean_speedup{sfx}"]), _fx(m[f"median_speedup{sfx}"]), _fx(m[f"geomean_speedup{sfx}_correct"]))
+                  geo, _fx(m[f"median_speedup{sfx}"]), _fx(m[f"geomean_speedup{sfx}_correct"]))
     out.print(t)
-    out.print("[dim]fP: correct and speedup > P, over all tasks · geomean/median: all tasks, failures as 1.0 · "
-              "geo ok: correct tasks only · /compile: against each task's best correct torch.compile baseline[/dim]")
+    out.print("[dim]fP: correct and speedup > P, over all tasks · geomean/median: all tasks, failures as 1.0, "
+              "[CI from the per-task CIs] · geo ok: correct tasks only · /compile: against each task's best "
+              "correct torch.compile baseline[/dim]")
     st = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items(), key=lambda kv: -kv[1]))
     out.print(f"statuses: {st}" + (f" · [red]{s['input_errors']} input error(s) not scored[/red]"
                                     if s["input_errors"] else ""), highlight=False)
