@@ -33,6 +33,7 @@ from kernelcraft.bench import baselines as bl
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.sources import Item, Source
 
+Z95 = 1.959963984540054  # two-sided 95% of a normal
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 P_KEYS = tuple(f"{p:g}" for p in P_VALUES)  # "0", "0.5", "0.8", "1", "1.5", "2"
 
@@ -69,8 +70,8 @@ def geomean_ci(rows: list[dict], ok: list[dict], key: str) -> list[float] | None
             continue
         lo, hi = _interval(r, key)
         logs.append(math.log(r[key]))
-        var += ((math.log(hi) - math.log(lo)) / (2 * 1.959964)) ** 2 if lo > 0 and hi > 0 else 0.0
-    mean, half = sum(logs) / len(logs), 1.959964 * math.sqrt(var) / len(logs)
+        var += ((math.log(hi) - math.log(lo)) / (2 * Z95)) ** 2 if lo > 0 and hi > 0 else 0.0
+    mean, half = sum(logs) / len(logs), Z95 * math.sqrt(var) / len(logs)
     return [math.exp(mean - half), math.exp(mean + half)]
 
 
@@ -80,11 +81,11 @@ def metrics(rows: list[dict], *, vs_compile: bool = False) -> dict:
     ok = [r for r in rows if r["correct"] and r.get("speedup") is not None]
 
     def block(key: str, suffix: str) -> dict:
+        spans = [_interval(r, key) for r in ok]
         return {
             f"fast_p{suffix}": {k: (sum(r[key] > p for r in ok) / n if n else None) for k, p in zip(P_KEYS, P_VALUES)},
-            f"fast_p{suffix}_range": {k: ([sum(_interval(r, key)[0] > p for r in ok) / n,
-                                           sum(_interval(r, key)[1] > p for r in ok) / n] if n else None)
-                                      for k, p in zip(P_KEYS, P_VALUES)},
+            f"fast_p{suffix}_range": {k: ([sum(lo > p for lo, _ in spans) / n, sum(hi > p for _, hi in spans) / n]
+                                          if n else None) for k, p in zip(P_KEYS, P_VALUES)},
             f"geomean_speedup{suffix}_ci95": geomean_ci(rows, ok, key),
             f"geomean_speedup{suffix}": geomean([r[key] if r in ok else 1.0 for r in rows]),
             f"median_speedup{suffix}": median([r[key] if r in ok else 1.0 for r in rows]),

@@ -36,9 +36,10 @@ import copy
 
 import torch
 
+from kernelcraft.judge.compare import DEVICE_CHUNK, chunks
+
 _LOWER = (torch.float32, torch.float16, torch.bfloat16, torch.complex64)
 _CONVOLUTIONS = (torch.ops.aten.convolution, torch.ops.aten._convolution, torch.ops.aten.convolution_overrideable)
-_CHUNK = 1 << 24
 
 
 def tf32_round(x: torch.Tensor) -> torch.Tensor:
@@ -66,17 +67,18 @@ def _tf32_convolutions():
 
 
 def _distance(a: torch.Tensor, t: torch.Tensor) -> dict:
-    """{sq, max, n}: a's squared and largest distance from t over elements finite in both (chunked)."""
-    sq, mx, n = 0.0, 0.0, 0
-    fa, ft = a.reshape(-1), t.reshape(-1)
-    for i in range(0, fa.numel(), _CHUNK):
-        x, y = fa[i:i + _CHUNK], ft[i:i + _CHUNK]
+    """{sq, max, n}: a's squared and largest distance from t over elements finite in both (`compare.chunks`;
+    the sums stay on the device until the end)."""
+    sq = torch.zeros((), dtype=torch.float64, device=a.device)
+    mx = torch.zeros((), dtype=torch.float64, device=a.device)
+    n = torch.zeros((), dtype=torch.int64, device=a.device)
+    for x, y in chunks([a, t], DEVICE_CHUNK):
         ok = torch.isfinite(x) & torch.isfinite(y)
         d = torch.where(ok, x - y, 0.0)
-        sq += float(d.pow(2).sum())
-        mx = max(mx, float(d.abs().max())) if d.numel() else mx
-        n += int(ok.sum())
-    return {"sq": sq, "max": mx, "n": n}
+        sq += d.pow(2).sum()
+        mx = torch.maximum(mx, d.abs().max())
+        n += ok.sum()
+    return {"sq": float(sq), "max": float(mx), "n": int(n)}
 
 
 def _watcher():
@@ -130,21 +132,15 @@ def evaluate(model, args: list, outs: list, device: torch.device, envelope: bool
     none = {"available": [False] * n}
     if not isinstance(model, torch.nn.Module):
         return {**none, "note": "the reference is not an nn.Module (cannot be cast to float64)"}
-    model64 = args64 = out = None
+    args64 = items = None
     watch = _watcher()
     try:
-        model64 = copy.deepcopy(model).to(torch.float64)
         args64 = [_widen(a) for a in args]
-        devices = [device.index if device.index is not None else torch.cuda.current_device()] \
-            if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), _default_dtype(torch.float64), \
-                (watch if watch is not None else contextlib.nullcontext()):
-            out = model64(*args64)
+        items = _call64(model, args64, device, watch)
         if device.type == "cuda":
             torch.cuda.synchronize()
         if watch is not None and watch.lower:
             return {**none, "note": f"the reference computes below float64 when cast ({watch.lower})"}
-        items = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else None
         if items is None or len(items) != n:
             return {**none, "note": "the float64 reference returned another structure"}
         available = []
@@ -158,16 +154,28 @@ def evaluate(model, args: list, outs: list, device: torch.device, envelope: bool
             torch.cuda.synchronize()
         got = {"available": available, "note": ""}
         if envelope and watch is not None and watch.convolutions:
-            del model64, out
-            model64 = out = None
+            items = None  # the truth is in `outs`: free the first call's outputs before the second call
             got["envelope"] = _envelope(model, args64, outs, available, device)
         return got
     except BaseException as e:  # noqa: BLE001 - never the task's failure: the judge falls back to the fixed rule
         return {**none, "note": f"the float64 reference failed: {type(e).__name__}: {str(e)[:300]}"}
     finally:
-        del model64, args64, out  # freed by reference counting (a gc.collect() here cost ~0.15 s a trial)
+        del args64, items  # freed by reference counting (a gc.collect() here cost ~0.15 s a trial)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _call64(model, args64: list, device: torch.device, mode) -> list | None:
+    """A fresh float64 copy of `model` called on `args64` under `mode` (a dispatch mode or None), with float64 as
+    the default dtype and a forked RNG: its outputs as a list (None for another structure). The copy is freed on
+    return."""
+    model64 = copy.deepcopy(model).to(torch.float64)
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), _default_dtype(torch.float64), \
+            (mode if mode is not None else contextlib.nullcontext()):
+        out = model64(*args64)
+    return [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else None
 
 
 def _envelope(model, args64: list, outs: list, available: list, device: torch.device) -> list | None:
@@ -175,19 +183,11 @@ def _envelope(model, args64: list, outs: list, available: list, device: torch.de
     mode = _tf32_convolutions()
     if mode is None:
         return None
-    model64 = out = None
     try:
-        model64 = copy.deepcopy(model).to(torch.float64)
-        devices = [device.index if device.index is not None else torch.cuda.current_device()] \
-            if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), _default_dtype(torch.float64), mode:
-            out = model64(*args64)
-        items = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else []
-        if len(items) != len(outs):
+        items = _call64(model, args64, device, mode)
+        if items is None or len(items) != len(outs):
             return None
         return [_distance(o, buf) if ok and isinstance(o, torch.Tensor) and o.shape == buf.shape else None
                 for o, buf, ok in zip(items, outs, available)]
     except Exception:  # noqa: BLE001 - no envelope: the reference's own error alone calibrates, as before
         return None
-    finally:
-        del model64, out

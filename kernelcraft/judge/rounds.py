@@ -57,13 +57,8 @@ def time_candidate(ev) -> None:
             f()
         check_round(-1)
 
-    def fresh_state() -> None:
-        """A stateful task (its forward changes plain-attribute state, an RNN's hidden): both sides back to their
-        constructed state before every timed round, untimed, so outputs compare whichever candidate process ran
-        and however many calls each side had. The trials before timing ran the sides in step instead."""
-        if getattr(ev, "stateful", False):
-            for side in (ev.ref, procs[order.current]):
-                side.request({"cmd": "restore"}, phase="time")
+    def fresh_state() -> None:  # a stateful task: both sides from their constructed state (`Evaluation.fresh_state`)
+        ev.fresh_state((ev.ref, procs[order.current]), "time")
 
     def time_ref() -> float:
         ms, leftover, replies["reference"] = ev.ref.timed(run_msg, clock)

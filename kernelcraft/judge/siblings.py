@@ -59,9 +59,7 @@ def start(ev, k: int, tol) -> list[SideProc]:
                             (ev.out_arenas, dict(cmd="outputs", kind=ev.out_kind))):
             desc, fds = arenas["candidate"].handle()
             side.request(dict(cmd, arena=desc), fds, phase="time")
-        if getattr(ev, "stateful", False):  # a stateful task: both from their constructed state (`rounds`)
-            for p in (ev.ref, side):
-                p.request({"cmd": "restore"}, phase="time")
+        ev.fresh_state((ev.ref, side), "time")  # a stateful task: both from their constructed state
         ev._write_inputs(ev._draw())
         ev._poison()
         replies = {"reference": ev.ref.request(dict(cmd="run", check=True), phase="time"),

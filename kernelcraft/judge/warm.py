@@ -127,16 +127,17 @@ def put(k: str, w: WarmWorker) -> None:
             doomed.append(_IDLE[k].pop(0))
         doomed += _expire_locked()
         everyone = sorted((x for v in _IDLE.values() for x in v), key=lambda x: x.idle_since)
-        for x in everyone[:max(0, len(everyone) - MAX_IDLE)]:
+        def drop(x: WarmWorker) -> None:
             doomed.append(x)
             _IDLE[next(kk for kk, v in _IDLE.items() if x in v)].remove(x)
+
+        for x in everyone[:max(0, len(everyone) - MAX_IDLE)]:
+            drop(x)
         if w.device is not None and w.device_total > 0:  # newest first: whoever would exceed the share goes
-            mine = [x for x in reversed(everyone) if x.device == w.device and x not in doomed]
             held = 0
-            for x in mine:
+            for x in [x for x in reversed(everyone) if x.device == w.device and x not in doomed]:
                 if held + x.device_bytes > IDLE_MEMORY_SHARE * w.device_total:
-                    doomed.append(x)
-                    _IDLE[next(kk for kk, v in _IDLE.items() if x in v)].remove(x)
+                    drop(x)
                 else:
                     held += x.device_bytes
         for kk in [kk for kk, v in _IDLE.items() if not v]:

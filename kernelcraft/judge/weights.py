@@ -244,9 +244,7 @@ def check(ev) -> None:
                    note=f"{len(mismatch)} difference(s) between the candidate's state_dict and the reference's: "
                         "not a drop-in for the reference's weights, so the weights were not checked")
         return
-    if getattr(ev, "stateful", False):  # after timing the sides' states differ (`rounds.fresh_state`): both back
-        for side in (ev.ref, ev.cand):   # to their constructed state for this paired trial
-            side.request({"cmd": "restore"}, phase="check")
+    ev.fresh_state((ev.ref, ev.cand), "check")  # a stateful task: after timing the sides' states differ
     keys = [e["key"] for e in ref]
     specs = [TensorSpec(tuple(e["shape"]), _contiguous(e["shape"]), str(e.get("dtype", "float32"))) for e in ref]
     arenas = {s.role: Arena(specs, ev.device) for s in (ev.ref, ev.cand)}

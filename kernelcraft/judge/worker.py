@@ -62,6 +62,7 @@ class Evaluation:
         self.spawn_candidate = None  # a fresh candidate side (set by `jobs`); None: one process (`processes` = 1)
         self.phase = "start"
         self.device_lock = None
+        self.stateful = False  # the reference's forward changes plain-attribute state (set by `describe`)
         self.device = torch.device("cuda:0" if job["device"].startswith("cuda") else "cpu")
         self.p = job["protocol"]  # the resolved Protocol (kernelcraft.protocol): every knob set, no defaults here
         self.guarded = self.p["runtime_guards"]
@@ -133,6 +134,14 @@ class Evaluation:
         self.enter("wait_device")
         # given back by `jobs.serve` (`hand_over_lock`), or at exit
         self.device_lock = rounds.DeviceLock(self.job.get("lock_path")).__enter__()
+
+    def fresh_state(self, sides, phase: str) -> None:
+        """A stateful task (an RNN's hidden state): `sides` back to their constructed plain-attribute state, untimed,
+        where they are not called in step — before every timed round (the reference runs every round, each candidate
+        process only in its blocks), a sibling's own trial, the weights trial after timing. Nothing otherwise."""
+        if self.stateful:
+            for side in sides:
+                side.request({"cmd": "restore"}, phase=phase)
 
     def hand_over_lock(self):
         """The end of this job: the device lock (or None), detached from this evaluation, for the caller to give
