@@ -83,8 +83,7 @@ def time_candidate(ev) -> None:
     def interval(ratios: list[float]) -> tuple[float, float, float]:  # what the record will report
         if k == 1:
             return timing.median_ci(ratios)
-        pairs_by = order.who[0::2]  # one ratio per pair of rounds; a pair never spans two processes (even blocks)
-        return timing.spanning_ci([[x for x, w in zip(ratios, pairs_by) if w == j] for j in range(k)])
+        return timing.spanning_ci([[x for x, w in zip(ratios, order.who) if w == j] for j in range(k)])
 
     def check_round(i: int) -> None:
         ev._check_mutation("during a timed call")

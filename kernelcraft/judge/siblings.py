@@ -85,7 +85,7 @@ def check_stopped(procs: list[SideProc]) -> None:
                          f"running while another was timed (threads {', '.join(running[:4])})")
 
 
-BLOCK = 6  # consecutive rounds of one candidate process before the next takes over (even: whole pairs of rounds)
+BLOCK = 5  # consecutive rounds of one candidate process before the next takes over
 
 
 class Schedule:

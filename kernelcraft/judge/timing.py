@@ -11,15 +11,10 @@ Design decisions
   reference's process) is timed every round, and its median (`overhead_ms`) is subtracted from both
   sides' samples before their ratio is taken; a difference below the clock's resolution is floored at
   `RESOLUTION_FLOOR` of the overhead, so tiny kernels read as "too small to tell", not as infinite.
-- One *round* times both sides once on the same fresh input values. Rounds come in balanced pairs (ABBA):
-  the first round of a pair takes a random order, the second the other one, and the pair's ratio
-  (r1 + r2) / (c1 + c2) is the paired sample (`pair_ratios`). The first call of a round is slower than the
-  second whichever side it is (~0.05 ms on the 2-core host, ~20% of a 0.3 ms task: `benchmarks/round_order.py`);
-  with independent random orders the per-round ratios were bimodal and their median was set by how many rounds
-  each side happened to go first (the same code read 0.97 and 1.12 in two runs). In a pair each side pays the
-  first call once. The speedup is the median of the pair ratios; its 95% CI comes from order statistics
-  (distribution-free). Rounds continue in batches (an even number of rounds) until the CI is within ±target
-  or the time budget is spent. GPU: the L2 is flushed by the judge before every timed call.
+- One *round* times both sides once, in random order, on the same fresh input values; its ratio is a
+  paired sample. The speedup is the median of the per-round ratios; its 95% CI comes from order
+  statistics (distribution-free). Rounds continue in batches until the CI is within ±target or the time
+  budget is spent. GPU: the L2 is flushed by the judge before every timed call.
 - Between-run variation is measured, not assumed away: the judge times the candidate in `Protocol.processes`
   blocks, each in a fresh candidate process, and `combine` makes the CI span every block's interval and the
   pooled one (a within-run interval missed the next run's estimate most of the time on a busy host).
@@ -86,12 +81,6 @@ def median_ci(values: list[float], z: float = _Z) -> tuple[float, float, float]:
     lo = max(0, int(math.floor(n / 2 - half)))
     hi = min(n - 1, int(math.ceil(n / 2 + half)))
     return med, v[lo], v[hi]
-
-
-def pair_ratios(refs: list[float], cands: list[float]) -> list[float]:
-    """The paired samples of balanced round pairs (rounds 2m and 2m + 1 ran in opposite orders): (r1 + r2) / (c1 + c2).
-    An odd last round has no partner and is left out."""
-    return [(refs[i] + refs[i + 1]) / (cands[i] + cands[i + 1]) for i in range(0, len(refs) - 1, 2)]
 
 
 def _quartiles(v: list[float]) -> tuple[float, float]:
@@ -173,17 +162,15 @@ def measure(
     batch: int = 10,
     seed: int = 0,
 ) -> TimingResult:
-    """Balanced pairs of rounds until the speedup CI is within ±target or `budget_s` is spent.
+    """Paired, interleaved rounds until the speedup CI is within ±target or `budget_s` is spent.
 
     At least `min_rounds` rounds are timed unless that would take over 3× the budget (slow forwards).
     `next_round(i)` puts round i's fresh inputs in place (warm-up rounds are negative); `time_*()` time one
     call each (ms, overhead included); `check_round(i)` raises when round i's outputs or inputs are wrong.
-    `interval(ratios)` -> (median, lo, hi) is the CI the stopping rule tests, given one ratio per pair of rounds
-    (default `median_ci`; several candidate processes test the interval spanning each one's, as the record will
-    report it). `batch` is rounded up to an even number, so a check never splits a pair.
+    `interval(ratios)` -> (median, lo, hi) is the CI the stopping rule tests (default `median_ci`; several
+    candidate processes test the interval spanning each one's, as the record will report it).
     """
     rng = random.Random(seed)
-    batch += batch % 2
     t_end = _perf_ns() + int(warmup_s * 1e9)
     for i in range(max(50, warmup_rounds)):  # warm-up: until both sides ran `warmup_rounds` times and warmup_s passed
         next_round(-1 - i)
@@ -204,14 +191,12 @@ def measure(
         floor = max(RESOLUTION_FLOOR * o, 1e-6)
         refs = [max(r - o, floor) for r in ref_h]
         cands = [max(c - o, floor) for c in cand_h]
-        return refs, cands, pair_ratios(refs, cands), o
+        return refs, cands, [r / c for r, c in zip(refs, cands)], o
 
-    ref_first = True
     while rounds < max_rounds:
         for _ in range(batch):
             next_round(rounds)
-            ref_first = rng.random() < 0.5 if rounds % 2 == 0 else not ref_first  # ABBA: a pair has both orders
-            if ref_first:
+            if rng.random() < 0.5:
                 r = time_ref()
                 c = time_cand()
             else:
@@ -232,9 +217,9 @@ def measure(
     refs, cands, ratios, overhead = ratios_now()
     med, lo, hi = median_ci(ratios)
     method = ("cuda: judge host clock around each side's round trip (thaw, run, outputs copied, device sync, "
-              "judge's idle probe), L2 flush, other side frozen; balanced pairs of rounds, round-trip overhead "
-              "subtracted" if cuda else "cpu: judge host clock around each side's round trip, other side frozen; "
-              "balanced pairs of rounds, round-trip overhead subtracted")
+              "judge's idle probe), L2 flush, other side frozen; paired rounds, round-trip overhead subtracted"
+              if cuda else "cpu: judge host clock around each side's round trip, other side frozen; paired "
+              "rounds, round-trip overhead subtracted")
     return TimingResult(
         ref_ms=statistics.median(refs), cand_ms=statistics.median(cands), speedup=med, ci95=(lo, hi),
         samples=rounds, converged=converged, method=method,
@@ -264,7 +249,7 @@ def split(res: TimingResult, who: list[int], k: int) -> list[TimingResult]:
             continue
         refs = [res.ref_samples[i] for i in idx]
         cands = [res.cand_samples[i] for i in idx]
-        med, lo, hi = median_ci(pair_ratios(refs, cands))  # a process's blocks have even lengths: pairs stay whole
+        med, lo, hi = median_ci([r / c for r, c in zip(refs, cands)])
         out.append(TimingResult(
             ref_ms=statistics.median(refs), cand_ms=statistics.median(cands), speedup=med, ci95=(lo, hi),
             samples=len(idx), converged=res.converged, method=res.method,
@@ -285,7 +270,7 @@ def combine(blocks: list[TimingResult]) -> TimingResult:
     sees between runs; `process_speedups` records each process's median."""
     if len(blocks) == 1:
         return blocks[0]
-    ratios = [x for b in blocks for x in pair_ratios(b.ref_samples, b.cand_samples)]
+    ratios = [r / c for b in blocks for r, c in zip(b.ref_samples, b.cand_samples)]
     med, lo, hi = median_ci(ratios)
     refs = [x for b in blocks for x in b.ref_samples]
     cands = [x for b in blocks for x in b.cand_samples]
