@@ -53,6 +53,29 @@ def resolve(device: str | None) -> tuple[str, str | None]:
     raise ValueError(f"unknown device {device!r}: use cpu, cuda or cuda:N")
 
 
+def resolve_many(spec: str | None) -> list[str]:
+    """Several devices for one run (`bench`): `cuda:all` (every visible GPU), a comma list `cuda:0,cuda:2`, or
+    one device as in `resolve`. Every GPU of the list must be the same product, so that one timing identity
+    (`bench.json`'s pin, the baseline cache's key) holds for all of them; ValueError otherwise."""
+    if spec == "cuda:all":
+        gpus = visible_devices()
+        if gpus == ["cpu"]:
+            raise ValueError("device 'cuda:all' requested but no CUDA GPU is visible")
+    else:
+        parts = [p.strip() for p in (spec or "").split(",")] if spec else [None]
+        if any(p == "" for p in parts):
+            raise ValueError(f"bad device list {spec!r}: use cpu, cuda, cuda:N, cuda:N,cuda:M or cuda:all")
+        gpus = [resolve(p)[0] for p in parts]
+        if len(gpus) > 1 and "cpu" in gpus:
+            raise ValueError(f"bad device list {spec!r}: a CPU cannot be mixed with GPUs")
+    gpus = list(dict.fromkeys(gpus))
+    names = {timing_identity(d) for d in gpus}
+    if len(names) > 1:
+        raise ValueError(f"devices {', '.join(gpus)} are different GPUs ({', '.join(sorted(names))}): timings of one "
+                         "run must come from one kind of GPU; run one bench per kind")
+    return gpus
+
+
 def visible_devices() -> list[str]:
     """Every visible GPU (`cuda:N`), else `['cpu']`."""
     import torch

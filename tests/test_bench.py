@@ -626,6 +626,62 @@ def test_cli_task_jobs_option(tmp_path, cache_dir):
         run(resolve("tiny/level1/diag_matmul", device="cpu"), tmp_path / "d", opts(task_jobs=0))
 
 
+def test_device_lists_resolve_to_one_kind_of_gpu(monkeypatch):
+    from kernelcraft import devices
+
+    assert devices.resolve_many("cpu") == ["cpu"]
+    assert devices.resolve_many(None) == [devices.resolve(None)[0]]
+    for bad, why in (("cuda:0,,cuda:1", "bad device list"), ("cpu,cpu,", "bad device list")):
+        with pytest.raises(ValueError, match=why):
+            devices.resolve_many(bad)
+    # a machine with three GPUs, two of one product: a mixed list is refused, duplicates collapse
+    names = {"cuda:0": "cuda H100", "cuda:1": "cuda H100", "cuda:2": "cuda A100"}
+    monkeypatch.setattr(devices, "resolve", lambda d: (d if d in names or d == "cpu" else "cuda:0", "x"))
+    monkeypatch.setattr(devices, "timing_identity", lambda d: names.get(d, "cpu"))
+    monkeypatch.setattr(devices, "visible_devices", lambda: list(names))
+    assert devices.resolve_many("cuda:0,cuda:1,cuda:0") == ["cuda:0", "cuda:1"]
+    with pytest.raises(ValueError, match="different GPUs"):
+        devices.resolve_many("cuda:0,cuda:2")
+    with pytest.raises(ValueError, match="different GPUs"):
+        devices.resolve_many("cuda:all")
+    with pytest.raises(ValueError, match="CPU cannot be mixed"):
+        devices.resolve_many("cpu,cuda:1")
+    monkeypatch.setattr(devices, "visible_devices", lambda: ["cpu"])
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        devices.resolve_many("cuda:all")
+    r = CliRunner().invoke(app, ["bench", "tiny/level1", "--device", "cuda:0,,cuda:1", "--out", "/nonexistent/x"])
+    assert r.exit_code == 2 and "bad device list" in r.output
+
+
+def test_optimize_runs_are_leased_the_least_busy_gpu():
+    import threading
+
+    from kernelcraft.bench.run import _DeviceLease
+
+    lease, got, inside, release = _DeviceLease(["cuda:0", "cuda:1"]), [], threading.Barrier(3), threading.Event()
+
+    def one():
+        def work(d):
+            got.append(d)
+            inside.wait(5)
+            release.wait(5)
+            return d
+        lease.run(work)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    inside.wait(5)  # both runs hold a device: one each
+    assert sorted(got) == ["cuda:0", "cuda:1"] and lease.busy == {"cuda:0": 1, "cuda:1": 1}
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert lease.busy == {"cuda:0": 0, "cuda:1": 0}
+    with pytest.raises(RuntimeError):  # a failed run hands its device back
+        lease.run(lambda d: (_ for _ in ()).throw(RuntimeError(d)))
+    assert lease.busy == {"cuda:0": 0, "cuda:1": 0}
+
+
 # ---- GPU --------------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -637,11 +693,14 @@ def test_bench_gpu_with_cudagraph_baseline(tmp_path, cache_dir):
     shutil.copy(TASKS / "tiny_elementwise.py", tasks / "2_tiny_elementwise.py")
     shutil.copy(LEGIT / "diag_matmul_rowscale.py", cands / "1_tiny_diag_matmul.py")
     shutil.copy(LEGIT / "torch_elementwise.py", cands / "2_tiny_elementwise.py")
-    r = kc("bench", str(tmp_path / "tasks"), "--candidates", str(cands), "--device", "cuda",
+    r = kc("bench", str(tmp_path / "tasks"), "--candidates", str(cands), "--device", "cuda:all",
            "--baselines", "eager,inductor,cudagraph", "--eval-time", "1", "--trials", "3", "--remeasure-above", "0",
            "--out", str(tmp_path / "out"), "--json", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     s = last_json(r.stdout)
+    import torch
+
+    assert s["devices"] == [f"cuda:{i}" for i in range(torch.cuda.device_count())]  # every GPU served the bench
     assert s["baselines"]["names"] == ["eager", "inductor", "cudagraph"] and not s["baselines"]["skipped"]
     assert s["tasks"] == 2 and s["correct"] == 2, s["statuses"]
     assert s["device"].startswith("cuda ")

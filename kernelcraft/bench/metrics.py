@@ -175,6 +175,7 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
         base_summary[b] = {**metrics(brows), "by_level": _by_level(brows, False)}
     return {
         "source": source.spec, "kind": source.kind, "out": str(out), "device": devname,
+        "devices": opts.device.split(",") if opts.device else None,  # this invocation's GPUs (one product)
         **m,
         "by_level": _by_level(rows, with_compile) if scored else {},
         "speedup_definition": SPEEDUP_DEFINITION,

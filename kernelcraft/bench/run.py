@@ -19,6 +19,10 @@ Design decisions
   whole rows. `--jobs` is the pool's timing slots per device: by default the pool's own (`gpu_slots` per GPU,
   with the device lock covering each worker's whole device phase, so the other slots only overlap worker
   start-up and imports) and, like `optimize`, 1 on a CPU with fewer than 8 cores.
+- Several GPUs of one kind (`--device cuda:all` or `cuda:0,cuda:1`; `devices.resolve_many`) serve one bench: the
+  pool gets timing slots on each and routes every evaluation to whichever is free, and each optimize run is
+  leased the least busy GPU (`--task-jobs` defaults to the number of GPUs). One product name for all, so the
+  device pin, the baseline cache and the numbers mean one kind of GPU; each verdict records its own device.
 - Optimizations run after the pool's work, `--task-jobs` tasks at once (threads; each `optimize` run has
   its own run directory, lock, database and parallel evaluations). Several are safe on one GPU: every
   evaluation holds the device lock (a cross-process flock) for its whole device phase, so GPU work never
@@ -28,7 +32,7 @@ Design decisions
   policy, unless marked `thread_safe` (`policies`), proposes for one run at a time. Records are logged in
   the calling thread, in completion order; 1 at a time is the old in-order loop. A failed task or Ctrl-C
   sets the runs' cancel event: they stop, dropping verdicts that arrive later. Not pinned in
-  `bench.json`: a resume may use another `--task-jobs`.
+  `bench.json`: a resume may use another `--task-jobs`, or another number of GPUs of the same kind.
 - Results stream in completion order; each is appended to `OUT/verdicts.jsonl` the moment it arrives
   (flushed and fsync'd), keyed by (task SHA-256, candidate SHA-256) — or the optimize settings instead
   of a candidate. Resume is that file: a rerun with the same `--out` skips every key already in it.
@@ -138,13 +142,14 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
     opts = options or BenchOptions()
     emit = on_event or (lambda kind, **data: None)
     try:
-        dev, _ = devices.resolve(opts.device)
+        devs = devices.resolve_many(opts.device)
     except ValueError as e:
         raise BenchError(str(e)) from None
+    dev = devs[0]  # records and the protocol: every device of the list is the same product
     proto = opts.protocol.resolved(dev)
     if opts.task_jobs is not None and opts.task_jobs < 1:
         raise BenchError("task_jobs must be at least 1")
-    opts = replace(opts, task_jobs=opts.task_jobs or 1)  # resolved: the summary reports it
+    opts = replace(opts, device=",".join(devs), task_jobs=opts.task_jobs or len(devs))  # resolved: the summary reports them
     try:
         wanted, skipped = bl.parse(opts.baselines, dev)
     except ValueError as e:
@@ -233,7 +238,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
         jobs = opts.jobs
         if jobs is None and dev == "cpu":
             jobs = devices.default_jobs("cpu")
-        pool = Pool(devices=[dev], per_device=jobs, cache_dir=opts.cache_dir, protocol=proto)
+        pool = Pool(devices=devs, per_device=jobs, cache_dir=opts.cache_dir, protocol=proto)
         futures = {}
         by_task: dict[str, list] = {}  # submitted task by task (its baselines, then its candidates): a partial
         for sha, b, ck in todo_base:  # bench has complete rows, and the pool keeps the order within a slot
@@ -280,8 +285,9 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                      message=first_line(v["message"]))
 
         stop = cancel or threading.Event()  # set on Ctrl-C or a failed task: the optimize runs stop
-        evaluated += _optimize_tasks(todo_opt, groups, log, opts.task_jobs, stop, emit, lambda it: _optimize_item(
-            it, out, opts, dev, proto, pool, env, emit, policy, stop))
+        lease = _DeviceLease(devs)
+        evaluated += _optimize_tasks(todo_opt, groups, log, opts.task_jobs, stop, emit, lambda it: lease.run(
+            lambda d: _optimize_item(it, out, opts, d, proto, pool, env, emit, policy, stop)))
         pool.close()
         pool = None
         summary = summarise(source, items, log.records, base, wanted, skipped, stats, out, devname, opts,
@@ -344,6 +350,25 @@ def _record(verdict: dict, group: list[Item]) -> dict:
 
 def _base_record(verdict: dict, sha: str, name: str, ck: str) -> dict:
     return {**verdict, "key": ck, "baseline": name, "task_sha256": sha}
+
+
+class _DeviceLease:
+    """Which device an optimize run uses: the least busy of the bench's devices when it starts (each run's own
+    evaluations stay on it; `best.py`'s final verdict goes through the shared pool, any device)."""
+
+    def __init__(self, devs: list[str]):
+        self.busy = dict.fromkeys(devs, 0)
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[str], dict]) -> dict:
+        with self._lock:
+            d = min(self.busy, key=self.busy.get)
+            self.busy[d] += 1
+        try:
+            return fn(d)
+        finally:
+            with self._lock:
+                self.busy[d] -= 1
 
 
 class _OneAtATime:

@@ -134,7 +134,8 @@ def _fpct(v) -> str:
 def bench_cmd(
     source: str = typer.Argument(..., help="built-in suite (gpu, tiny, gpu/level1, level2, ...), a directory of "
                                  "KernelBench task files, or a pairs JSONL (ref_code, custom_code per line)"),
-    device: Optional[str] = DEVICE,
+    device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:N, several GPUs of one kind (cuda:0,cuda:1) "
+                                         "or cuda:all (default: cuda if visible)"),
     baselines: str = typer.Option("eager,inductor,cudagraph",
                                   help="comma-separated: eager, inductor, inductor-max-autotune, cudagraph (GPU), all, "
                                   "none"),
@@ -150,8 +151,8 @@ def bench_cmd(
     jobs: Optional[int] = typer.Option(None, min=1, help="evaluations at once per device (default: 1 on small CPUs "
                                        "and per GPU)"),
     task_jobs: Optional[int] = typer.Option(None, "--task-jobs", min=1,
-                                            help="tasks optimized at once when no candidates are given (default 1; "
-                                            "more pays when proposals wait on an LLM endpoint, not with recipes)"),
+                                            help="tasks optimized at once when no candidates are given (default 1 "
+                                            "per GPU of --device; more pays when proposals wait on an LLM endpoint, not with recipes)"),
     limit: Optional[int] = typer.Option(None, min=1, help="only the first N items"),
     baselines_only: bool = typer.Option(False, "--baselines-only", help="measure the baselines only (no candidates, "
                                         "no optimize)"),
@@ -163,11 +164,11 @@ def bench_cmd(
 ):
     """Bench a suite: verdicts for every task, fast_p and speedups against eager and torch.compile baselines."""
     try:
-        dev, _ = devices.resolve(device)
+        dev = devices.resolve_many(device)[0]
         src = resolve(source, device=dev, candidates=candidates)
     except (BenchError, ValueError) as e:
         usage_error(str(e))
-    opts = BenchOptions(device=dev, baselines=baselines, protocol=protocol, jobs=jobs,
+    opts = BenchOptions(device=device or dev, baselines=baselines, protocol=protocol, jobs=jobs,
                         limit=limit, baselines_only=baselines_only, baseline_cache=baseline_cache, policy=policy,
                         budget=budget, task_jobs=task_jobs,
                         optimize_options={"time_limit_s": time_limit} if time_limit else {})
