@@ -22,6 +22,13 @@ Design decisions
 - Phases are announced to the runner as before (reference, import, wait_device, init, check, time), so
   the build clock and the run clock, and the classification of a death, are unchanged. The device lock
   is the judge's (the sides never hold it).
+- The judge's own device memory during the check is what bounds the largest task it can judge (issue 16):
+  both sides' input and output arenas and the float64 truth are needed, the rest is kept small. The
+  reference's output is read in its arena, not copied (only the judge and the reference's process hold that
+  memory, and the reference is idle until the next trial poisons it); the candidate's is copied (its process
+  could write its arena after replying). A trial's inputs are dropped before the next draw. The previous
+  trial's output, kept only to name a repeated answer `stale_output`, is kept up to `STALE_KEEP_BYTES`; a
+  larger repeated answer is still rejected, as a `value_mismatch`.
 - The evaluation's sequence (phases, trials) reads in one place; the timed rounds (`rounds`), the judge's handle on
   a side (`sideproc`), the side itself, the wire, the arenas, the isolation and the clock are their own modules.
 """
@@ -48,6 +55,8 @@ from kernelcraft.judge import jobs  # noqa: E402
 from kernelcraft.judge.jobs import Channel, Warm  # noqa: E402,F401  (Channel: the result channel's class)
 from kernelcraft.judge.procs import CHANNEL_FD_VAR  # noqa: E402
 from kernelcraft.judge.sideproc import SideProc  # noqa: E402
+
+STALE_KEEP_BYTES = 1 << 30  # the previous trial's candidate output is kept up to this size (module docstring)
 
 
 
@@ -249,16 +258,19 @@ class Evaluation:
     def _trial_outputs(self, replies: dict) -> tuple:
         """Private copies of both sides' outputs; an out-of-memory of the judge's own copies moves them (and every
         later one) to host memory instead of failing anyone. (ref, cand, moved)."""
+        def both():  # the reference's output in its arena unless copies go to the host (module docstring)
+            moved = getattr(self, "copy_device", None) is not None
+            return (self._output("reference", replies["reference"].get("values", []), copy=moved),
+                    self._output("candidate", list(replies["candidate"].get("values", [])), copy=True))
+
         try:
-            return (self._output("reference", replies["reference"].get("values", []), copy=True),
-                    self._output("candidate", list(replies["candidate"].get("values", [])), copy=True), False)
+            return (*both(), False)
         except Exception as e:  # noqa: BLE001 - only the judge's OOM is retried
             if not is_oom(e) or getattr(self, "copy_device", None) is not None:
                 raise
             torch.cuda.empty_cache()
             self.copy_device = torch.device("cpu")
-            return (self._output("reference", replies["reference"].get("values", []), copy=True),
-                    self._output("candidate", list(replies["candidate"].get("values", [])), copy=True), True)
+            return (*both(), True)
 
     # -- correctness -------------------------------------------------------------------------------------
     def _check(self) -> None:
@@ -271,6 +283,7 @@ class Evaluation:
         partials = {"partial_trials": 0, "partial_skipped": 0}
         for t, share in enumerate(shares):
             if share is None:
+                self.current = None  # the last trial's inputs go before the next draw (module docstring)
                 self._write_inputs(self._draw())
                 when = f"trial {t + 1} of {trials}"
             else:  # the previous inputs, a few elements changed, at the same addresses: partial-key caches
@@ -316,7 +329,8 @@ class Evaluation:
             else:
                 partials["partial_trials"] += 1
             self.result["correctness"].update(passed=passed, **partials)
-            prev = cand_out
+            prev = cand_out if _nbytes(cand_out) <= STALE_KEEP_BYTES else None
+            ref_out = cand_out = None
         final = rule.final()
         self.result["correctness"].update(rule.record())
         if not final.ok:
@@ -342,6 +356,12 @@ class Evaluation:
             self.audit.kill_strays()
             code = "peer_tampering" if any("reference" in f for f in found) else "thread_injection"
             raise Reject("rejected", [code], "; ".join(found[:3]))
+
+
+def _nbytes(out) -> int:
+    if isinstance(out, torch.Tensor):
+        return out.numel() * out.element_size()
+    return sum(_nbytes(x) for x in out) if isinstance(out, (list, tuple)) else 0
 
 
 def _contiguous(shape) -> tuple[int, ...]:
