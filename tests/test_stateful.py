@@ -13,6 +13,7 @@ from kernelcraft.evaluate import evaluate
 FIXTURES = Path(__file__).parent / "fixtures"
 TASK = FIXTURES / "tasks" / "guard_stateful_rnn.py"
 SAME = FIXTURES / "legit" / "guard_stateful_rnn_same.py"
+LAZY = FIXTURES / "legit" / "guard_stateful_rnn_lazy_buffers.py"
 FAST = dict(device="cpu", trials=3, time_budget_s=0.3, min_rounds=6, remeasure_above=None)
 
 # the hidden state is computed but never kept: right on the first call only
@@ -27,6 +28,34 @@ def test_the_reference_own_stateful_code_is_correct_with_timing(processes, cache
     assert v.status == "correct", v.message
     assert v.timing is not None and v.timing.samples >= 6
     assert v.weights is not None and v.weights.checked and v.weights.changed_output
+
+
+def test_buffers_allocated_on_the_first_call_behind_a_flag_are_correct_with_timing(cache_dir):
+    v = evaluate(TASK, LAZY, processes=1, cache_dir=cache_dir, **FAST)
+    assert v.status == "correct", v.message
+    assert v.timing is not None and v.timing.samples >= 6
+
+
+def test_scalar_flags_go_back_with_the_tensors():
+    import torch
+
+    from kernelcraft.judge import modelstate
+
+    class Lazy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.buf, self._ready, self.calls, self.tag = None, False, 0, "a"
+
+    m = Lazy()
+    snap = modelstate.plain_state(m)
+    assert {n for _, n, _ in snap} == {"buf", "_ready", "calls", "tag"}  # not nn.Module's own attributes
+    m.buf, m._ready, m.calls = torch.ones(2), True, 3
+    assert modelstate.changed(snap, modelstate.plain_state(m))
+    modelstate.set_plain_state(m, snap)
+    assert m.buf is None and m._ready is False and m.calls == 0 and m.tag == "a"
+    assert not modelstate.changed(snap, modelstate.plain_state(m))
+    m.calls = 0.0  # a value of another type is a change
+    assert modelstate.changed(snap, modelstate.plain_state(m))
 
 
 def test_dropping_the_state_update_is_incorrect(cache_dir):

@@ -9,8 +9,12 @@ Design decisions
   calls came before. CUDA-L1's level3/task33 and task34 were false `value_mismatch` verdicts that way: the
   reference was one call ahead of the candidate in every trial.
 - What counts as state here: parameters and buffers (the state_dict), each module's `training` flag, the CPU and
-  CUDA RNG states, and every tensor (or public `None`) in a module's own attributes. Python numbers or lists a
-  forward mutates are not covered; no KernelBench task keeps such state.
+  CUDA RNG states, and every tensor, `None` and Python scalar (bool, int, float, str) in a module's own attributes,
+  except those `nn.Module` itself keeps. Scalars matter as much as tensors: a candidate that allocates its buffers
+  on the first call and remembers that in a flag (CUDA-L1's a100 level3/task33: `self.hidden_buffer = None` and
+  `self._device_initialized = False` in `__init__`) crashed in timing when its buffer went back to `None` while
+  its flag stayed `True` (a false `runtime_error`). Lists and dicts a forward mutates are not covered; no
+  KernelBench task keeps such state.
 - `Snapshot` is the whole constructed state (the warm reference's `reset`); `plain_state` is the cheap part a
   stateful task changes, put back between timed rounds (`side.cmd_restore`) or around an unpaired call.
 """
@@ -21,13 +25,18 @@ import torch
 from kernelcraft.judge import tripwires
 
 
+SCALARS = (bool, int, float, str)
+_MODULE_OWN = frozenset(vars(torch.nn.Module()))  # nn.Module's own attributes (hooks, flags): never a forward's state
+
+
 def plain_state(model) -> list:
-    """Tensors a forward may carry in plain module attributes, cloned: [(module index, name, tensor or None)]."""
+    """What a forward may carry in plain module attributes, tensors cloned: [(module index, name, value)] for tensors,
+    None and Python scalars (module docstring)."""
     if not isinstance(model, torch.nn.Module):
         return []
-    return [(i, name, v.detach().clone() if isinstance(v, torch.Tensor) else None)
+    return [(i, name, v.detach().clone() if isinstance(v, torch.Tensor) else v)
             for i, m in enumerate(model.modules()) for name, v in vars(m).items()
-            if isinstance(v, torch.Tensor) or (v is None and not name.startswith("_"))]
+            if name not in _MODULE_OWN and (isinstance(v, (torch.Tensor, *SCALARS)) or v is None)]
 
 
 def set_plain_state(model, attrs: list) -> None:
@@ -39,8 +48,8 @@ def set_plain_state(model, attrs: list) -> None:
     mods = list(model.modules())
     for i, name, v in attrs:
         now = getattr(mods[i], name, None)
-        if v is None:
-            setattr(mods[i], name, None)
+        if v is None or isinstance(v, SCALARS):
+            setattr(mods[i], name, v)
         elif isinstance(now, torch.Tensor) and now.shape == v.shape:
             setattr(mods[i], name, v.to(device=now.device, dtype=now.dtype, copy=True))
         else:
@@ -55,8 +64,8 @@ def changed(before: list, after: list) -> bool:
 
 
 def _same(a, b) -> bool:
-    if a is None or b is None:
-        return a is b
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return type(a) is type(b) and (a == b or a != a and b != b)  # a NaN float is the same NaN
     return a.device == b.device and tripwires.same_values(a, b)
 
 
