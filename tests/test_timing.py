@@ -301,7 +301,8 @@ def test_measure_stops_on_the_interval_it_is_given():
     """The stopping rule tests the CI the record will report (with several processes: the one spanning each)."""
     seen = []
 
-    def wide(ratios):
+    def wide(ratios, firsts):
+        assert len(firsts) == len(ratios)
         seen.append(len(ratios))
         med = statistics.median(ratios)
         return med, med / 2, med * 2  # never within the target
@@ -317,12 +318,61 @@ def test_spanning_ci_is_what_combine_reports_for_split_results():
     from kernelcraft.judge.timing import TimingResult, combine, spanning_ci, split
     rng = random.Random(5)
     who = [rng.randrange(2) for _ in range(60)]
-    refs = [1.0 + (0.5 if w else 0.0) + rng.random() * 0.2 for w in who]
+    firsts = [rng.random() < 0.5 for _ in range(60)]
+    refs = [1.0 + (0.5 if w else 0.0) + (0.1 if f else 0.0) + rng.random() * 0.2 for w, f in zip(who, firsts)]
     cands = [0.5] * 60
     res = TimingResult(ref_ms=1, cand_ms=0.5, speedup=2, ci95=(1, 3), samples=60, converged=False, method="m",
                        ref_spread_ms=(1, 1), cand_spread_ms=(1, 1), host_ref_ms=1, host_cand_ms=1, spot_checks=60,
-                       ref_samples=refs, cand_samples=cands)
+                       ref_samples=refs, cand_samples=cands, ref_first=firsts)
     out = combine(split(res, who, 2))
     ratios = [r / c for r, c in zip(refs, cands)]
-    med, lo, hi = spanning_ci([[x for x, w in zip(ratios, who) if w == j] for j in range(2)])
+    med, lo, hi = spanning_ci([([x for x, w in zip(ratios, who) if w == j], [f for f, w in zip(firsts, who) if w == j])
+                               for j in range(2)])
     assert (lo, hi) == out.ci95 and med == out.speedup
+
+
+# -- the order-stratified speedup (balanced_ci) ----------------------------------------------------------------------
+
+def _rounds(n: int, seed: int, first_cost: float, slow_share: float = 0.0, slow: float = 2.0, ref_first=None):
+    """Identical sides (1.0 ms), the first call of a round `first_cost` slower, a share of the reference's calls
+    `slow` ms slower (a busier core): (ratios, ref_first)."""
+    rng = random.Random(seed)
+    ratios, firsts = [], []
+    for i in range(n):
+        f = (rng.random() < 0.5) if ref_first is None else ref_first(i)
+        r = 1.0 + (first_cost if f else 0.0) + (slow if rng.random() < slow_share else 0.0) + rng.gauss(0, 0.01)
+        c = 1.0 + (0.0 if f else first_cost) + rng.gauss(0, 0.01)
+        ratios.append(r / c), firsts.append(f)
+    return ratios, firsts
+
+
+def test_the_order_split_no_longer_decides_the_speedup():
+    """A first-call cost of 20% made the plain median bimodal: it read ~1.2 or ~0.83 depending on which order had
+    more rounds. The stratified speedup reads 1 whatever the split."""
+    for share_first in (0.3, 0.5, 0.7):
+        ratios, firsts = _rounds(200, 1, 0.2, ref_first=lambda i, s=share_first: (i % 10) < s * 10)
+        med, lo, hi = timing.balanced_ci(ratios, firsts)
+        assert 0.97 < med < 1.03 and lo <= med <= hi, (share_first, med)
+        plain = timing.median_ci(ratios)[0]
+        assert abs(plain - 1.0) > 0.1 or share_first == 0.5, (share_first, plain)  # what it replaces
+
+
+def test_slow_calls_of_one_side_in_a_third_of_the_rounds_do_not_move_the_speedup():
+    """Balanced pairs (ABBA, (r1 + r2) / (c1 + c2)) read identical sides at ~2x when 35% of the reference's calls were
+    slow (a pair is hit when either round is); per-round strata tolerate up to half of each."""
+    ratios, firsts = _rounds(400, 2, 0.05, slow_share=0.35, ref_first=lambda i: i % 4 in (0, 3))  # ABBA orders
+    med, _, _ = timing.balanced_ci(ratios, firsts)
+    assert med < 1.15, med
+    pairs = [(ratios[i] + ratios[i + 1]) / 2 for i in range(0, len(ratios), 2)]  # a pair's mean, ~ its sum ratio
+    assert statistics.median(pairs) > 1.4  # the statistic it replaces
+
+
+def test_balanced_ci_covers_and_falls_back():
+    ratios, firsts = _rounds(60, 3, 0.1)
+    med, lo, hi = timing.balanced_ci(ratios, firsts)
+    assert lo < med < hi and 0.95 < med < 1.05
+    assert timing.balanced_ci([1.0, 2.0, 3.0, 4.0], [True, True, True, False]) == timing.median_ci([1.0, 2.0, 3.0, 4.0])
+    assert timing.balanced_ci([1.0, 2.0], []) == timing.median_ci([1.0, 2.0])
+    # coverage: the interval holds the true speedup (1) in ~95% of runs of 40 rounds
+    hits = sum(lo <= 1.0 <= hi for lo, hi in (timing.balanced_ci(*_rounds(40, s, 0.1))[1:] for s in range(200)))
+    assert hits >= 180, hits

@@ -80,10 +80,11 @@ def time_candidate(ev) -> None:
         got = {s.role: s.timed({"cmd": "null"}, clock)[0] for s in order_}
         return got["reference"]
 
-    def interval(ratios: list[float]) -> tuple[float, float, float]:  # what the record will report
+    def interval(ratios: list[float], firsts: list[bool]) -> tuple[float, float, float]:  # as the record will be
         if k == 1:
-            return timing.median_ci(ratios)
-        return timing.spanning_ci([[x for x, w in zip(ratios, order.who) if w == j] for j in range(k)])
+            return timing.balanced_ci(ratios, firsts)
+        return timing.spanning_ci([([x for x, w in zip(ratios, order.who) if w == j],
+                                    [f for f, w in zip(firsts, order.who) if w == j]) for j in range(k)])
 
     def check_round(i: int) -> None:
         ev._check_mutation("during a timed call")
