@@ -15,6 +15,7 @@ from kernelcraft.search.rundb import RunDB
 from kernelcraft.task import load_task
 from kernelcraft.train.config import ConfigError, load_config, parse_config
 from kernelcraft.train.data import build_dataset, is_heldout, load_examples, task_key
+from kernelcraft.train.models import TrainError
 
 RELU, GELU, SOFTMAX = (load_task(f"tiny/level1/{n}") for n in ("relu", "gelu", "softmax"))
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "cuda_l1"
@@ -87,6 +88,19 @@ def test_pairs_enter_only_with_a_correct_verdict_and_the_card_counts_each_step(t
     assert e["prompt"][0]["role"] == "system" and "NVIDIA H100" in e["prompt"][1]["content"]
     assert "x.clamp_min(0.0)" in e["completion"][0]["content"] and "1.25x" in e["completion"][0]["content"]
     assert (cfg.out_dir / "data" / "card.md").read_text().count("pairs") >= 1
+
+
+def test_verdicts_may_be_gzip_compressed_and_a_broken_file_is_one_error(tmp_path):
+    import gzip
+
+    pairs = write_pairs(tmp_path)
+    gz = tmp_path / "verdicts.jsonl.gz"
+    gz.write_bytes(gzip.compress((tmp_path / "verdicts.jsonl").read_bytes()))
+    cfg = config(tmp_path, pairs=[{"path": str(pairs), "verdicts": [str(gz)]}], heldout_fraction=0.0)
+    assert build_dataset(cfg)["sources"][0]["examples"] == 1  # as from the plain file (the test above)
+    gz.write_bytes(b"not gzip")
+    with pytest.raises(TrainError, match="cannot read verdicts"):
+        build_dataset(cfg)
 
 
 def test_run_databases_keep_the_replies_and_prompts_of_correct_candidates(tmp_path):

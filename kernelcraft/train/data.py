@@ -22,6 +22,7 @@ Design decisions
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
 import json
 import time
@@ -105,9 +106,9 @@ def verdict_index(paths: list[Path]) -> dict[tuple[str, str], list[dict]]:
     """(task SHA-256, candidate SHA-256) -> the verdict records of bench output files."""
     index: dict[tuple[str, str], list[dict]] = {}
     for p in paths:
-        try:
-            lines = p.read_text().splitlines()
-        except OSError as e:
+        try:  # `kernelcraft bench`'s verdicts.jsonl, or the same gzip-compressed (.gz), as kept beside a dataset
+            lines = (gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()).splitlines()
+        except (OSError, EOFError, UnicodeDecodeError) as e:
             raise TrainError(f"cannot read verdicts {p}: {e}") from None
         for n, line in enumerate(lines, 1):
             if not line.strip():
