@@ -656,9 +656,9 @@ def test_device_lists_resolve_to_one_kind_of_gpu(monkeypatch):
 def test_optimize_runs_are_leased_the_least_busy_gpu():
     import threading
 
-    from kernelcraft.bench.run import _DeviceLease
+    from kernelcraft.bench.taskpool import DeviceLease
 
-    lease, got, inside, release = _DeviceLease(["cuda:0", "cuda:1"]), [], threading.Barrier(3), threading.Event()
+    lease, got, inside, release = DeviceLease(["cuda:0", "cuda:1"]), [], threading.Barrier(3), threading.Event()
 
     def one():
         def work(d):

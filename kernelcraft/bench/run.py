@@ -57,7 +57,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import replace
 from pathlib import Path
 
@@ -67,6 +67,7 @@ from kernelcraft.bench.metrics import first_line, metrics, summarise
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.report import write_report
 from kernelcraft.bench.sources import BenchError, Item, Source, resolve
+from kernelcraft.bench.taskpool import DeviceLease, OneAtATime, run_tasks
 from kernelcraft.evaluate import _env
 from kernelcraft.judge.runner import kill_live_workers
 from kernelcraft.protocol import Protocol
@@ -233,7 +234,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
             except PolicyError as e:
                 raise BenchError(str(e)) from None
             if opts.task_jobs > 1 and len(todo_opt) > 1 and not getattr(policy, "thread_safe", False):
-                policy = _OneAtATime(policy)
+                policy = OneAtATime(policy)
 
         jobs = opts.jobs
         if jobs is None and dev == "cpu":
@@ -285,7 +286,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                      message=first_line(v["message"]))
 
         stop = cancel or threading.Event()  # set on Ctrl-C or a failed task: the optimize runs stop
-        lease = _DeviceLease(devs)
+        lease = DeviceLease(devs)
         evaluated += _optimize_tasks(todo_opt, groups, log, opts.task_jobs, stop, emit, lambda it: lease.run(
             lambda d: _optimize_item(it, out, opts, d, proto, pool, env, emit, policy, stop)))
         pool.close()
@@ -352,40 +353,10 @@ def _base_record(verdict: dict, sha: str, name: str, ck: str) -> dict:
     return {**verdict, "key": ck, "baseline": name, "task_sha256": sha}
 
 
-class _DeviceLease:
-    """Which device an optimize run uses: the least busy of the bench's devices when it starts (each run's own
-    evaluations stay on it; `best.py`'s final verdict goes through the shared pool, any device)."""
-
-    def __init__(self, devs: list[str]):
-        self.busy = dict.fromkeys(devs, 0)
-        self._lock = threading.Lock()
-
-    def run(self, fn: Callable[[str], dict]) -> dict:
-        with self._lock:
-            d = min(self.busy, key=self.busy.get)
-            self.busy[d] += 1
-        try:
-            return fn(d)
-        finally:
-            with self._lock:
-                self.busy[d] -= 1
-
-
-class _OneAtATime:
-    """A policy not marked thread-safe, shared by concurrent optimize runs: one `propose` at a time."""
-
-    def __init__(self, policy):
-        self.policy, self.name, self._lock = policy, getattr(policy, "name", ""), threading.Lock()
-
-    def propose(self, ctx):
-        with self._lock:
-            return self.policy.propose(ctx)
-
-
 def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: threading.Event, emit,
                     optimize_one: Callable[[Item], dict]) -> int:
-    """Optimize the tasks `keys`, `jobs` at a time (module docstring); returns the items judged. Every record
-    is logged and reported here, in the calling thread, in completion order."""
+    """Optimize the tasks `keys`, `jobs` at a time (module docstring; `taskpool.run_tasks`); returns the items
+    judged. Every record is logged and reported here, in the calling thread, in completion order."""
     def finished(key: str, rec: dict) -> int:
         group = groups[key]
         log.append(_record(rec, group))
@@ -393,32 +364,8 @@ def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: t
              message=first_line(rec["message"]))
         return len(group)
 
-    if min(jobs, len(keys)) <= 1:  # in order, in this thread
-        return sum(finished(key, optimize_one(groups[key][0])) for key in keys)
-    n, futures, logged = 0, {}, set()
-    ex = ThreadPoolExecutor(max_workers=min(jobs, len(keys)), thread_name_prefix="kc-bench-optimize")
-    try:
-        def guarded(it: Item) -> dict:  # a task whose turn comes after a stop never starts
-            if stop.is_set():
-                raise Cancelled(f"optimize {it.name}: cancelled before it started")
-            return optimize_one(it)
-
-        futures = {ex.submit(guarded, groups[key][0]): key for key in keys}
-        for f in as_completed(futures):
-            n += finished(futures[f], f.result())
-            logged.add(f)
-    except BaseException as e:
-        ex.shutdown(wait=False, cancel_futures=True)  # nothing more starts, then the running ones stop
-        stop.set()
-        if isinstance(e, KeyboardInterrupt):  # no waiting: the caller kills their workers
-            raise
-        ex.shutdown(wait=True)  # a failed task: the others stop at their next step; keep what finished meanwhile
-        for f, key in futures.items():
-            if f not in logged and f.done() and not f.cancelled() and f.exception() is None:
-                finished(key, f.result())
-        raise
-    ex.shutdown()
-    return n
+    return run_tasks(keys, jobs, stop, lambda key: optimize_one(groups[key][0]), finished,
+                     label=lambda key: groups[key][0].name)
 
 
 def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, proto: Protocol, pool, env: dict,
