@@ -150,7 +150,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
     proto = opts.protocol.resolved(dev)
     if opts.task_jobs is not None and opts.task_jobs < 1:
         raise BenchError("task_jobs must be at least 1")
-    opts = replace(opts, device=",".join(devs), task_jobs=opts.task_jobs or len(devs))  # resolved: the summary reports them
+    opts = replace(opts, device=",".join(devs), task_jobs=opts.task_jobs or len(devs))  # resolved, as reported
     try:
         wanted, skipped = bl.parse(opts.baselines, dev)
     except ValueError as e:

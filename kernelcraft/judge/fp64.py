@@ -36,7 +36,7 @@ import copy
 
 import torch
 
-from kernelcraft.judge.compare import DEVICE_CHUNK, chunks
+from kernelcraft.judge.compare import DEVICE_CHUNK, as_tensor_list, chunks
 
 _LOWER = (torch.float32, torch.float16, torch.bfloat16, torch.complex64)
 _CONVOLUTIONS = (torch.ops.aten.convolution, torch.ops.aten._convolution, torch.ops.aten.convolution_overrideable)
@@ -175,7 +175,7 @@ def _call64(model, args64: list, device: torch.device, mode) -> list | None:
     with torch.random.fork_rng(devices=devices), torch.no_grad(), _default_dtype(torch.float64), \
             (mode if mode is not None else contextlib.nullcontext()):
         out = model64(*args64)
-    return [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else None
+    return as_tensor_list(out)
 
 
 def _envelope(model, args64: list, outs: list, available: list, device: torch.device) -> list | None:

@@ -244,9 +244,10 @@ def measure(
     refs, cands, ratios, overhead = ratios_now()
     med, lo, hi = balanced_ci(ratios, firsts)
     method = ("cuda: judge host clock around each side's round trip (thaw, run, outputs copied, device sync, "
-              "judge's idle probe), L2 flush, other side frozen; paired rounds, round-trip overhead subtracted"
-              if cuda else "cpu: judge host clock around each side's round trip, other side frozen; paired "
-              "rounds, round-trip overhead subtracted")
+              "judge's idle probe), L2 flush, other side frozen; paired rounds in random order, speedup "
+              "stratified by order, round-trip overhead subtracted" if cuda else "cpu: judge host clock around "
+              "each side's round trip, other side frozen; paired rounds in random order, speedup stratified by "
+              "order, round-trip overhead subtracted")
     return TimingResult(
         ref_ms=statistics.median(refs), cand_ms=statistics.median(cands), speedup=med, ci95=(lo, hi),
         samples=rounds, converged=converged, method=method,

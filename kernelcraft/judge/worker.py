@@ -49,7 +49,7 @@ import torch  # noqa: E402
 
 from kernelcraft.judge import isolation, partial, precision, rounds, side as side_mod, tripwires, weights  # noqa: E402,E501
 from kernelcraft.judge.arena import Arena, TensorSpec  # noqa: E402
-from kernelcraft.judge.compare import compare_outputs, is_oom  # noqa: E402
+from kernelcraft.judge.compare import as_tensor_list, compare_outputs, is_oom  # noqa: E402
 from kernelcraft.judge.guards import Reject  # noqa: E402
 from kernelcraft.judge import jobs  # noqa: E402
 from kernelcraft.judge.jobs import Channel, Warm  # noqa: E402,F401  (Channel: the result channel's class)
@@ -57,7 +57,6 @@ from kernelcraft.judge.procs import CHANNEL_FD_VAR  # noqa: E402
 from kernelcraft.judge.sideproc import SideProc  # noqa: E402
 
 STALE_KEEP_BYTES = 1 << 30  # the previous trial's candidate output is kept up to this size (module docstring)
-
 
 
 class Evaluation:
@@ -256,8 +255,9 @@ class Evaluation:
         return items[0] if self.out_kind == "tensor" else tuple(items)
 
     def _trial_outputs(self, replies: dict) -> tuple:
-        """Private copies of both sides' outputs; an out-of-memory of the judge's own copies moves them (and every
-        later one) to host memory instead of failing anyone. (ref, cand, moved)."""
+        """Both sides' outputs: the candidate's as a private copy, the reference's in its arena (module docstring);
+        an out-of-memory of the judge's own copies moves them, the reference's included (and every later one), to
+        host memory instead of failing anyone. (ref, cand, moved)."""
         def both():  # the reference's output in its arena unless copies go to the host (module docstring)
             moved = getattr(self, "copy_device", None) is not None
             return (self._output("reference", replies["reference"].get("values", []), copy=moved),
@@ -359,9 +359,7 @@ class Evaluation:
 
 
 def _nbytes(out) -> int:
-    if isinstance(out, torch.Tensor):
-        return out.numel() * out.element_size()
-    return sum(_nbytes(x) for x in out) if isinstance(out, (list, tuple)) else 0
+    return sum(t.numel() * t.element_size() for t in as_tensor_list(out) or [] if isinstance(t, torch.Tensor))
 
 
 def _contiguous(shape) -> tuple[int, ...]:
