@@ -115,8 +115,12 @@ class Timing(BaseModel):
     processes: int | None = Field(None, description="candidate processes timed interleaved in blocks of rounds (protocol.processes)")
     process_speedups: list[float] | None = Field(None, description="each candidate process's median speedup: the "
                                                  "between-process spread the CI covers")
-    within_ci95: tuple[float, float] | None = Field(None, description="the CI of all rounds pooled, before it was "
-                                                    "widened to span every process's interval")
+    within_ci95: tuple[float, float] | None = Field(None, description="this run's own CI (all rounds pooled), "
+                                                    "before it was widened to span every process's interval and "
+                                                    "the between-run deviation (ci95 is where a re-run's estimate "
+                                                    "falls 95% of the time)")
+    between_run_sd: float | None = Field(None, description="the calibrated between-run standard deviation of the "
+                                         "log speedup at these times (judge.timing.BETWEEN_RUN)")
     note: str | None = Field(None, description="'host too noisy: ...' when the CI cannot resolve the speedup "
                              "(judge.timing.noise_note), or candidate processes that disagree; the CLI warns")
 

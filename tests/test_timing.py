@@ -6,6 +6,7 @@ preemption of one call barely moves.
 """
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -232,6 +233,44 @@ def test_a_ci_that_cannot_resolve_the_speedup_says_host_too_noisy():
     note = noise_note(_block([5.0] * 9, 1.8, 23.8))
     assert note.startswith("host too noisy") and "x13.22" in note
     assert noise_note(_block([5.0] * 9, 0.0, 2.0)).startswith("host too noisy")
+
+
+def test_reproducible_interval_widens_by_the_between_run_deviation():
+    """The reported interval is where a re-run's estimate falls (timing.reproducible): this run's interval and the
+    calibrated between-run deviation, x sqrt 2 in log space; this run's own interval is kept as within_ci95."""
+    from kernelcraft.judge.timing import BETWEEN_RUN, between_run_sd, reproducible
+    b = _block([2.0] * 9, 1.98, 2.02)  # ref 4 ms, candidate 2 ms, overhead 0.5 ms
+    cal = BETWEEN_RUN["cuda"]
+    sd = between_run_sd(4.0, 2.0, 0.5, "cuda:1")
+    assert sd == pytest.approx(math.sqrt(2 * cal.rho ** 2 + (cal.kappa * 0.5) ** 2 * (1 / 16 + 1 / 4)))
+    out = reproducible(b, "cuda")
+    assert out.within_ci95 == (1.98, 2.02) and out.between_run_sd == pytest.approx(sd, abs=1e-6)
+    down = math.sqrt(2) * math.hypot(math.log(2 / 1.98), 1.959963984540054 * sd)
+    assert out.ci95[0] == pytest.approx(2 * math.exp(-down)) and out.ci95[1] > 2.02 * math.exp(sd)
+    assert "re-run" in out.method and out.speedup == 2.0
+
+
+def test_between_run_deviation_grows_as_times_shrink_against_the_round_trip():
+    """An absolute error of the overhead subtraction: negligible for long calls, dominant for calls far below the
+    round trip (the same code read 0.76-1.34x at 0.2 ms under a 0.7 ms round trip on a GPU); the CPU's is larger."""
+    from kernelcraft.judge.timing import between_run_sd
+    long_calls, short_calls = between_run_sd(30.0, 30.0, 0.6, "cuda"), between_run_sd(0.2, 0.2, 0.6, "cuda")
+    assert long_calls < 0.02 < 0.15 < short_calls
+    assert between_run_sd(0.2, 0.02, 0.6, "cuda") > 3 * between_run_sd(0.2, 0.2, 0.6, "cuda") / 2
+    assert between_run_sd(1.0, 1.0, 0.1, "cpu") > between_run_sd(1.0, 1.0, 0.1, "cuda")
+    assert between_run_sd(0.2, 0.0, 0.6, "cuda") < float("inf")  # a time floored at the resolution, not zero
+
+
+def test_a_sub_resolution_interval_says_the_calls_are_too_short():
+    """When the between-run part dominates, 'host too noisy' says more rounds would not help."""
+    from kernelcraft.judge.timing import noise_note, reproducible
+    b = _block([5.0] * 9, 4.9, 5.1)
+    b.ref_ms, b.cand_ms, b.overhead_ms = 0.3, 0.06, 0.7
+    note = noise_note(reproducible(b, "cuda"))
+    assert note.startswith("host too noisy") and "short against the judge's round trip" in note
+    wide = _block([5.0] * 9, 2.0, 12.0)
+    wide.ref_ms, wide.cand_ms = 50.0, 10.0
+    assert "larger --time-budget" in noise_note(reproducible(wide, "cuda"))
 
 
 def test_processes_that_disagree_beyond_2x_and_their_intervals_are_noted():

@@ -116,7 +116,7 @@ def time_candidate(ev) -> None:
     if sibs:
         siblings.end(ev, sibs)
     blocks = timing.split(run, order.who, k) if k > 1 else [run]
-    res = timing.combine(blocks)
+    res = timing.reproducible(timing.combine(blocks), ev.device.type)
     med = lambda v: sorted(v)[len(v) // 2] if v else 0.0  # noqa: E731
     res.hidden_work_ms = med(left["candidate"]) - med(left["reference"])
     rec = res.record()
