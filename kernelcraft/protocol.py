@@ -69,7 +69,8 @@ class Protocol(BaseModel):
     time_budget_s: float | None = Field(None, ge=0, le=600, description="seconds of paired timing before "
                                         "giving up on the CI target (default 1 cpu / 2 gpu)")
     target_ci: float = Field(0.01, ge=0, le=1, description="stop timing once the speedup's 95% CI half-width "
-                             "is below this fraction (or below half the between-run part, judge/timing.py)")
+                             "is below this fraction (or below half the between-run part, judge/timing.py; 0: "
+                             "time for the whole budget)")
     min_rounds: int = Field(10, ge=1, le=100_000, description="paired timing rounds at least")
     processes: int | None = Field(None, ge=1, le=8, description="candidate processes timed interleaved in blocks "
                                   "of rounds, each with a correctness trial of its own; the CI spans every process's "

@@ -121,6 +121,9 @@ class Timing(BaseModel):
                                                     "falls 95% of the time)")
     between_run_sd: float | None = Field(None, description="the calibrated between-run standard deviation of the "
                                          "log speedup at these times (judge.timing.BETWEEN_RUN)")
+    cand_overhead_ms: float | None = Field(None, description="median round trip of an empty request answered by "
+                                           "the candidate's process (evidence of the processes' footing; never "
+                                           "subtracted)")
     note: str | None = Field(None, description="'host too noisy: ...' when the CI cannot resolve the speedup "
                              "(judge.timing.noise_note), or candidate processes that disagree; the CLI warns")
 

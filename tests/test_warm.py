@@ -272,3 +272,77 @@ def test_a_judge_that_died_between_jobs_is_replaced_not_blamed(monkeypatch):
     v = _eval(TASK, MIRROR + "\n# after the death\n")
     assert v.status == "correct", v.message
     assert v.env.reference == "fresh"
+
+
+def test_a_job_crowded_out_of_device_memory_by_running_jobs_runs_again_alone(monkeypatch, tmp_path):
+    """An out-of-memory verdict of a job that ran beside other jobs of this process on its GPU is run once more
+    with the GPU to itself (`gpushare`): the retry waits until the job beside it has exited."""
+    import threading
+
+    from kernelcraft.judge import runner
+
+    monkeypatch.setattr(warm, "discard_device", lambda d: 0)  # no idle judges: only running jobs crowd it
+    b_running, b_release, order = threading.Event(), threading.Event(), []
+
+    def fake_run(job, work_dir, timeout_s, build_timeout_s, warm_key, reuse, root=None, visible_gpu=None):
+        out = runner.WorkerOutcome(start="fork")
+        if job["name"] == "b":
+            b_running.set()
+            b_release.wait(10)
+            order.append("b done")
+            out.result = {"status": "correct", "reasons": [], "message": ""}
+        elif "a oom" not in order:
+            b_running.wait(10)
+            order.append("a oom")
+            out.result = {"status": "runtime_error", "reasons": ["out_of_memory"],
+                          "message": "out of memory during check: CUDA out of memory"}
+            threading.Timer(0.3, b_release.set).start()
+        else:
+            order.append("a again")
+            out.result = {"status": "correct", "reasons": [], "message": ""}
+        return out
+
+    monkeypatch.setattr(runner, "_run", fake_run)
+    got = {}
+    tb = threading.Thread(target=lambda: got.setdefault("b", runner.run_worker({"name": "b"}, tmp_path, tmp_path, "0", 10, 10)))
+    tb.start()
+    b_running.wait(10)
+    got["a"] = runner.run_worker({"name": "a"}, tmp_path, tmp_path, "0", 10, 10)
+    tb.join(10)
+    assert order == ["a oom", "b done", "a again"], order  # the retry ran after b had exited
+    assert got["a"].result["status"] == "correct" and got["a"].crowded_out and "alone" in got["a"].start
+    assert got["b"].result["status"] == "correct" and not got["b"].crowded_out
+    order.clear()
+    b_running.set()
+    alone = runner.run_worker({"name": "a"}, tmp_path, tmp_path, "0", 10, 10)  # nobody beside it: the verdict stands
+    assert alone.result["status"] == "runtime_error" and order == ["a oom"] and not alone.crowded_out
+
+
+def test_gpu_share_prefers_a_waiting_exclusive_holder():
+    """Jobs arriving while an out-of-memory retry waits queue behind it, so a busy pool cannot starve it."""
+    import threading
+    import time
+
+    from kernelcraft.judge.gpushare import Share
+
+    s, log, release = Share(), [], threading.Event()
+
+    def hold(kind: str) -> None:
+        with (s.exclusive() if kind == "exclusive" else s.shared()):
+            log.append(kind)
+            release.wait(5)
+
+    with s.shared() as seen:
+        w = threading.Thread(target=hold, args=("exclusive",))
+        w.start()
+        time.sleep(0.2)
+        r = threading.Thread(target=hold, args=("late shared",))
+        r.start()
+        time.sleep(0.2)
+        assert log == []  # the writer waits for this holder; the late reader waits behind the writer
+    assert not seen["overlapped"]  # nobody else held it shared meanwhile
+    time.sleep(0.2)
+    assert log == ["exclusive"]
+    release.set()
+    w.join(5), r.join(5)
+    assert log == ["exclusive", "late shared"]

@@ -37,6 +37,7 @@ def time_candidate(ev) -> None:
     sampler = tripwires.SpotChecker(*tol)
     replies: dict[str, dict] = {}
     left = {"reference": [], "candidate": []}
+    cand_nulls: list[float] = []  # the candidate's own null round trips (`time_null`)
     run_msg = {"cmd": "run", "check": False}
     k = max(1, int(p.get("processes") or 1)) if ev.spawn_candidate is not None else 1
     procs = [ev.cand]  # the candidate's processes; more are started under the lock below (`siblings`)
@@ -74,10 +75,12 @@ def time_candidate(ev) -> None:
     def time_null() -> float:
         """Both sides get an empty request, in random order, so neither is the one touched last before the
         next round (the most recently run process starts warm); only the reference's is the overhead —
-        the candidate could slow its own to inflate what is subtracted."""
+        the candidate could slow its own to inflate what is subtracted. The candidate's is kept as evidence of
+        the two processes' footing (`timing.reproducible`: it can only widen the candidate's interval)."""
         cand = procs[order.current]
         order_ = [ev.ref, cand] if ev.rng.random() < 0.5 else [cand, ev.ref]
         got = {s.role: s.timed({"cmd": "null"}, clock)[0] for s in order_}
+        cand_nulls.append(got["candidate"])
         return got["reference"]
 
     def interval(ratios: list[float], firsts: list[bool]) -> tuple[float, float, float]:  # as the record will be
@@ -116,8 +119,10 @@ def time_candidate(ev) -> None:
     if sibs:
         siblings.end(ev, sibs)
     blocks = timing.split(run, order.who, k) if k > 1 else [run]
-    res = timing.reproducible(timing.combine(blocks), ev.device.type)
     med = lambda v: sorted(v)[len(v) // 2] if v else 0.0  # noqa: E731
+    res = timing.combine(blocks)
+    res.cand_overhead_ms = med(cand_nulls[-run.samples:]) or None  # the timed rounds' nulls, not the warm-up's
+    res = timing.reproducible(res, ev.device.type)
     res.hidden_work_ms = med(left["candidate"]) - med(left["reference"])
     rec = res.record()
     rec["note"] = timing.noise_note(res) or timing.inconsistent(blocks)

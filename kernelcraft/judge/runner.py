@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernelcraft.judge import sandbox, warm, zygote
+from kernelcraft.judge import gpushare, sandbox, warm, zygote
 from kernelcraft.judge.procs import CHANNEL_FD_VAR, WORKER_TAG_VAR, describe_signal, kill_tagged
 
 MAX_CHANNEL_BYTES = 16 << 20
@@ -52,7 +52,7 @@ class WorkerOutcome:
     forged: bool = False
     start: str = "spawn"  # or "fork": forked by the zygote
     phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, s since spawn); ("end", s) last
-    crowded_out: bool = False  # run again after idle judges beside it made it run out of device memory
+    crowded_out: bool = False  # run again after idle judges or other running jobs made it run out of device memory
 
     def durations(self) -> dict[str, float]:
         """Seconds spent in each phase; `spawn` is interpreter start-up and imports before the first."""
@@ -98,6 +98,23 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
     if warm_key is not None:  # the caller's key (task, protocol) and everything a worker is started with
         base = {k: v for k, v in worker_env(root, visible_gpu).items() if k not in zygote.PER_JOB_ENV}
         warm_key = warm.key(warm_key, str(root), visible_gpu, base)
+    if visible_gpu is None:
+        return _first_run(job, work_dir, root, visible_gpu, timeout_s, build_timeout_s, warm_key)
+    lease = gpushare.share(visible_gpu)
+    with lease.shared() as seen:
+        out = _first_run(job, work_dir, root, visible_gpu, timeout_s, build_timeout_s, warm_key)
+    if out.crowded_out or not seen["overlapped"] or not _out_of_memory(out):
+        return out
+    with lease.exclusive():  # other jobs of ours held the GPU's memory: once more, alone (`gpushare`)
+        again = _run(job, work_dir, timeout_s, build_timeout_s, None, None, root=root or cache_root(),
+                     visible_gpu=visible_gpu)
+    again.crowded_out = True
+    again.start = f"{again.start} (run again alone on its GPU: other evaluations had crowded it out of device memory)"
+    return again
+
+
+def _first_run(job: dict, work_dir: Path, root: Path, visible_gpu: str | None, timeout_s: float,
+               build_timeout_s: float, warm_key: str | None) -> WorkerOutcome:
     if warm_key is not None and warm.enabled():
         w = warm.take(warm_key)
         if w is not None:
