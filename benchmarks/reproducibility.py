@@ -109,8 +109,8 @@ def run_once(task: str, cand_path: Path, device: str, budget: float, extra: list
         return {"error": r.stderr[-500:]}
     v = json.loads(r.stdout.strip().splitlines()[-1])
     t = v.get("timing") or {}
-    keep = ("ci95", "within_ci95", "between_run", "samples", "converged", "ref_ms", "cand_ms", "overhead_ms",
-            "processes", "process_speedups", "note")
+    keep = ("ci95", "within_ci95", "between_run_sd", "samples", "converged", "ref_ms", "cand_ms", "overhead_ms",
+            "processes", "process_speedups", "cand_overhead_ms", "note")
     return {"status": v["status"], "speedup": v.get("speedup"), **{k: t.get(k) for k in keep}}
 
 
