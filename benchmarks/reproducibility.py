@@ -16,7 +16,7 @@ standard deviation of the log speedup. Candidates (each correct by construction)
   rewritten as a broadcast multiply (`diag_matmul/broadcast`, a large true speedup, the candidate's time far
   below the judge's round trip);
 - `calibration`: those two plus the reference's own ReLU (both sides near the round trip) and a fused
-  scaled add (a moderate speedup) — the runs `timing.BETWEEN_RUN` was calibrated from;
+  scaled add (a moderate speedup) — the runs `reproduce.BETWEEN_RUN` was calibrated from;
 - `validation`: other tasks and candidates, not used for the calibration (the same softmax; an elementwise
   chain in place; a row-scaled diag matmul by `torch.mul`).
 Tasks are the built-in suite's, `tiny/` on a CPU. `--gpus` runs each candidate's invocations on its own GPU,

@@ -120,7 +120,7 @@ class Timing(BaseModel):
                                                     "the between-run deviation (ci95 is where a re-run's estimate "
                                                     "falls 95% of the time)")
     between_run_sd: float | None = Field(None, description="the calibrated between-run standard deviation of the "
-                                         "log speedup at these times (judge.timing.BETWEEN_RUN)")
+                                         "log speedup at these times (judge.reproduce.BETWEEN_RUN)")
     cand_overhead_ms: float | None = Field(None, description="median round trip of an empty request answered by "
                                            "the candidate's process (evidence of the processes' footing; never "
                                            "subtracted)")

@@ -236,9 +236,9 @@ def test_a_ci_that_cannot_resolve_the_speedup_says_host_too_noisy():
 
 
 def test_reproducible_interval_widens_by_the_between_run_deviation():
-    """The reported interval is where a re-run's estimate falls (timing.reproducible): this run's interval and the
+    """The reported interval is where a re-run's estimate falls (reproduce.reproducible): this run's interval and the
     calibrated between-run deviation, x sqrt 2 in log space; this run's own interval is kept as within_ci95."""
-    from kernelcraft.judge.timing import BETWEEN_RUN, between_run_sd, reproducible
+    from kernelcraft.judge.reproduce import BETWEEN_RUN, between_run_sd, reproducible
     b = _block([2.0] * 9, 1.98, 2.02)  # ref 4 ms, candidate 2 ms, overhead 0.5 ms
     cal = BETWEEN_RUN["cuda"]
     sd = between_run_sd(4.0, 2.0, 0.5, "cuda:1")
@@ -254,7 +254,7 @@ def test_reproducible_interval_widens_by_the_between_run_deviation():
 def test_a_candidate_far_below_the_round_trip_is_still_faster_at_the_lower_end():
     """30x with the candidate's time at a tenth of the round trip: another run may read far more (the upper end is
     wide), but not less than a clear gain — the error is on the times, not on their ratio."""
-    from kernelcraft.judge.timing import reproducible
+    from kernelcraft.judge.reproduce import reproducible
     b = _block([30.0] * 9, 27.0, 33.0)
     b.ref_ms, b.cand_ms, b.overhead_ms = 0.3, 0.01, 0.08
     out = reproducible(b, "cpu")
@@ -264,7 +264,7 @@ def test_a_candidate_far_below_the_round_trip_is_still_faster_at_the_lower_end()
 def test_between_run_deviation_grows_as_times_shrink_against_the_round_trip():
     """An absolute error of the overhead subtraction: negligible for long calls, dominant for calls far below the
     round trip (the same code read 0.76-1.34x at 0.2 ms under a 0.7 ms round trip on a GPU); the CPU's is larger."""
-    from kernelcraft.judge.timing import between_run_sd
+    from kernelcraft.judge.reproduce import between_run_sd
     long_calls, short_calls = between_run_sd(30.0, 30.0, 0.6, "cuda"), between_run_sd(0.2, 0.2, 0.6, "cuda")
     assert long_calls < 0.02 < 0.15 < short_calls
     assert between_run_sd(0.2, 0.02, 0.6, "cuda") > 3 * between_run_sd(0.2, 0.2, 0.6, "cuda") / 2
@@ -276,7 +276,7 @@ def test_a_reference_process_slow_at_everything_widens_the_lower_end_only():
     """The footing: when the reference's process answers its null round trip slower than the candidate's does, the
     run may overstate the candidate, so the lower end widens by the log of their ratio; a candidate that slows its
     own null widens only its upper end (the subtracted overhead stays the reference's)."""
-    from kernelcraft.judge.timing import reproducible
+    from kernelcraft.judge.reproduce import reproducible
 
     def run(cand_overhead):
         b = _block([5.0] * 9, 4.9, 5.1)
@@ -291,7 +291,8 @@ def test_a_reference_process_slow_at_everything_widens_the_lower_end_only():
 
 def test_a_sub_resolution_interval_says_the_calls_are_too_short():
     """When the between-run part dominates, 'host too noisy' says more rounds would not help."""
-    from kernelcraft.judge.timing import noise_note, reproducible
+    from kernelcraft.judge.reproduce import reproducible
+    from kernelcraft.judge.timing import noise_note
     b = _block([5.0] * 9, 4.9, 5.1)
     b.ref_ms, b.cand_ms, b.overhead_ms = 0.3, 0.06, 0.7
     note = noise_note(reproducible(b, "cuda"))

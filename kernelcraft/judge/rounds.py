@@ -20,7 +20,7 @@ from __future__ import annotations
 import fcntl
 from pathlib import Path
 
-from kernelcraft.judge import siblings, timing, tripwires
+from kernelcraft.judge import reproduce, siblings, timing, tripwires
 from kernelcraft.judge.compare import compare_outputs
 from kernelcraft.judge.guards import Reject
 from kernelcraft.judge.sideproc import SideProc
@@ -76,7 +76,7 @@ def time_candidate(ev) -> None:
         """Both sides get an empty request, in random order, so neither is the one touched last before the
         next round (the most recently run process starts warm); only the reference's is the overhead —
         the candidate could slow its own to inflate what is subtracted. The candidate's is kept as evidence of
-        the two processes' footing (`timing.reproducible`: it can only widen the candidate's interval)."""
+        the two processes' footing (`reproduce.reproducible`: it can only widen the candidate's interval)."""
         cand = procs[order.current]
         order_ = [ev.ref, cand] if ev.rng.random() < 0.5 else [cand, ev.ref]
         got = {s.role: s.timed({"cmd": "null"}, clock)[0] for s in order_}
@@ -122,7 +122,7 @@ def time_candidate(ev) -> None:
     med = lambda v: sorted(v)[len(v) // 2] if v else 0.0  # noqa: E731
     res = timing.combine(blocks)
     res.cand_overhead_ms = med(cand_nulls[-run.samples:]) or None  # the timed rounds' nulls, not the warm-up's
-    res = timing.reproducible(res, ev.device.type)
+    res = reproduce.reproducible(res, ev.device.type)
     res.hidden_work_ms = med(left["candidate"]) - med(left["reference"])
     rec = res.record()
     rec["note"] = timing.noise_note(res) or timing.inconsistent(blocks)

@@ -27,29 +27,11 @@ Design decisions
 - Between-run variation is measured, not assumed away: the judge times the candidate in `Protocol.processes`
   blocks, each in a fresh candidate process, and `combine` makes the CI span every block's interval and the
   pooled one (a within-run interval missed the next run's estimate most of the time on a busy host).
-- The reported interval is a *reproducibility* interval (`reproducible`): where another run's estimate falls
-  95% of the time on this host, so it also covers the host's expected speedup (at ~99%). Each run's estimate is
-  the expected speedup plus a within-run error (this run's interval) and a between-run one: which processes the
-  sides got (their memory, their cores) and how far the null round trip, measured in the reference's process,
-  stands for the fixed cost in the sides' real round trips. The between-run part is not visible inside one run
-  (one reference process), so it is calibrated (`BETWEEN_RUN`, `benchmarks/reproducibility.py --set
-  calibration`): each side's overhead-corrected time is off by ~`kappa` x the overhead (an absolute error, large
-  against sub-millisecond times) and by `rho` of itself. Two runs' estimates differ by both errors twice, hence
-  the sqrt(2). The absolute error is applied to the times, not linearised (`between_run_bounds`), so the interval
-  of a candidate far below the round trip is wide upwards and still says 'faster' downwards when the reference
-  is long. Why not only more processes: a process's error is shared by every round it times, and with two
-  or three processes their spread estimates it with one or two degrees of freedom; on the GPU the within-run
-  intervals of the same code were +-1.5% while its runs moved +-1.8%, and a 15x candidate's runs 10-25x.
-  One thing a run does show: the two processes' footing. Both answer an empty request every round; when the
-  reference's is slower than the candidate's (its process landed on a busy core: 0.18 against 0.08 ms on the
-  2-core host, and the reference's own ReLU read 4.9x), the run may read the candidate too fast, and the lower
-  end widens by the log of their ratio (the upper end, when it is the other way round). The candidate can only
-  widen its own upper end with it: the subtracted overhead stays the reference's.
-  The stopping rule tests the within-run interval (more rounds cannot shrink the between-run part), and it
-  stops once that interval is within `target` or within `STOP_SHARE` of the between-run half-width, whichever
-  is wider: then the reported interval is within ~12% of what unlimited rounds would give, and a call far
-  below the round trip (where the between-run part is large) stops after `min_rounds` instead of spending the
-  whole budget on a width nobody can use. A target of 0 still means "time for the whole budget".
+- The reported interval is a *reproducibility* interval, where another run's estimate falls 95% of the time:
+  `reproduce.reproducible` widens this run's interval by a calibrated between-run part. The stopping rule tests
+  the within-run interval and stops once it is within `target` or within `STOP_SHARE` of the between-run
+  half-width, whichever is wider (more rounds cannot shrink the rest; a target of 0 still means "time for the
+  whole budget").
 - `measure` knows nothing of processes: it takes functions that time one call (`time_ref`, `time_cand`,
   `time_null`), prepare a round (`next_round`) and check it (`check_round`), so its statistics are tested
   with synthetic functions.
@@ -65,28 +47,13 @@ from typing import Callable
 
 import torch
 
+from kernelcraft.judge.reproduce import RESOLUTION_FLOOR, Z95 as _Z, between_run_sd
+
 _perf_ns = time.perf_counter_ns
 _cuda_sync = torch.cuda.synchronize
-_Z = 1.959963984540054
 NOISY_SPAN = 1.5  # a 95% CI whose upper end is beyond 1.5x its lower end cannot resolve the speedup: say so
-RESOLUTION_FLOOR = 0.05  # a side's overhead-corrected time is at least this share of the round-trip overhead
 SETTLE_LIMIT_S = 30.0  # a device still busy this long after `done` is a rejection, not a sample
 
-
-@dataclass(frozen=True)
-class BetweenRun:
-    """A run's between-run error (module docstring): each side's corrected time is off by `kappa` x the round
-    trip's overhead (absolute) and by `rho` of itself (relative), as standard deviations."""
-    kappa: float
-    rho: float
-
-
-# Calibrated from ten separate `kernelcraft eval` runs per candidate of `benchmarks/reproducibility.py --set
-# calibration` (BENCHMARKS.md, "Reproducible intervals"): the smallest round values whose intervals hold >= 90% of
-# the other runs' estimates there; checked on the `validation` set's other tasks and candidates. The CPU's come
-# from the 2-core host with one core kept busy (the issue's condition); the GPU's from four H200s of one host
-# evaluating at once.
-BETWEEN_RUN = {"cuda": BetweenRun(kappa=0.06, rho=0.01), "cpu": BetweenRun(kappa=0.15, rho=0.01)}
 STOP_SHARE = 0.5  # stop once the within-run half-width is this share of the between-run one (or within target)
 
 
@@ -366,56 +333,6 @@ def combine(blocks: list[TimingResult]) -> TimingResult:
     out.process_speedups = [round(b.speedup, 6) for b in blocks]
     out.within_ci95 = (lo, hi)
     return out
-
-
-def between_run_sd(ref_ms: float, cand_ms: float, overhead_ms: float, kind: str) -> float:
-    """The log speedup's between-run standard deviation for these overhead-corrected medians (`BETWEEN_RUN`)."""
-    cal = BETWEEN_RUN["cuda" if kind.startswith("cuda") else "cpu"]
-    floor = max(RESOLUTION_FLOOR * overhead_ms, 1e-6)
-    r, c = max(ref_ms, floor), max(cand_ms, floor)
-    return math.sqrt(2 * cal.rho ** 2 + (cal.kappa * overhead_ms) ** 2 * (1 / r ** 2 + 1 / c ** 2))
-
-
-def between_run_bounds(ref_ms: float, cand_ms: float, overhead_ms: float, kind: str, k: float) -> tuple[float, float]:
-    """How far (log, down and up) a run's speedup moves when each side's time is off by k standard deviations of
-    its between-run error in the direction that moves the ratio that way. The absolute part is applied to the
-    times themselves, not linearised: a candidate far below the round trip can read much faster in another run
-    (its time minus the error nears the floor: a wide upper end) but only so much slower (its time plus the
-    error: a lower end that still says 'faster' when the reference is long)."""
-    cal = BETWEEN_RUN["cuda" if kind.startswith("cuda") else "cpu"]
-    floor = max(RESOLUTION_FLOOR * overhead_ms, 1e-6)
-    r, c, e = max(ref_ms, floor), max(cand_ms, floor), k * cal.kappa * overhead_ms
-    rel = math.sqrt(2) * k * cal.rho
-    down = math.sqrt(math.log((c + e) / c) ** 2 + math.log(r / max(r - e, floor)) ** 2 + rel ** 2)
-    up = math.sqrt(math.log(c / max(c - e, floor)) ** 2 + math.log((r + e) / r) ** 2 + rel ** 2)
-    return down, up
-
-
-def reproducible(res: TimingResult, kind: str, z: float = _Z) -> TimingResult:
-    """`res` with its interval widened into the reproducibility interval (module docstring): in log space, on
-    each side, the root sum of squares of sqrt(2) x this run's half-width and the between-run bound at
-    z x sqrt(2) deviations (`between_run_bounds`: two runs differ by both errors twice). This run's own interval
-    is kept as `within_ci95` (unless `combine` already put the pooled one there)."""
-    lo, hi = res.ci95
-    s = res.speedup
-    if not (s > 0 and lo > 0 and hi > 0):
-        return res
-    sd = between_run_sd(res.ref_ms, res.cand_ms, res.overhead_ms, kind)
-    b_down, b_up = between_run_bounds(res.ref_ms, res.cand_ms, res.overhead_ms, kind, z * math.sqrt(2))
-    if res.cand_overhead_ms and res.overhead_ms > 0:  # the footing: a process slow at everything, even a null
-        footing = math.log(res.overhead_ms / res.cand_overhead_ms)
-        if footing > 0:  # the reference's process was the slow one: this run may read the candidate too fast
-            b_down = math.hypot(b_down, footing)
-        else:  # the candidate's (or it slowed its own null): this run may read it too slow
-            b_up = math.hypot(b_up, footing)
-    down = math.hypot(math.sqrt(2) * math.log(s / lo), b_down)
-    up = math.hypot(math.sqrt(2) * math.log(hi / s), b_up)
-    res.within_ci95 = res.within_ci95 or (lo, hi)
-    res.ci95 = (s * math.exp(-down), s * math.exp(up))
-    res.between_run_sd = round(sd, 6)
-    res.method += ("; interval: where a re-run's estimate falls 95% of the time (this run's interval and a "
-                   "calibrated between-run deviation, x sqrt 2)")
-    return res
 
 
 def noise_note(res: TimingResult) -> str | None:
