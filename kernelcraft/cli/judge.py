@@ -32,11 +32,18 @@ def _verdict_panel(v) -> None:
     if v.timing:
         t = v.timing
         out.print(f"timing: reference {t.ref_ms:.4f} ms, candidate {t.cand_ms:.4f} ms, "
-                  f"speedup [bold]{t.speedup:.3f}x[/bold] (95% CI {t.ci95[0]:.3f}–{t.ci95[1]:.3f}, "
-                  f"{t.samples} paired samples{'' if t.converged else ', CI target not reached'})")
+                  f"speedup [bold]{t.speedup:.3f}x[/bold] (95% CI {t.ci95[0]:.3f}–{t.ci95[1]:.3f}, where a re-run "
+                  f"would read it{_within(t)}; {t.samples} paired samples{'' if t.converged else ', CI target not reached'})")
     if v.message:
         out.print(v.message, markup=False, highlight=False)
     out.print(f"build {v.build_s:.1f} s, wall {v.wall_s:.1f} s")
+
+
+def _within(t) -> str:
+    """This run's own interval, when the reported one was widened beyond it (judge/reproduce.py)."""
+    if not t.within_ci95 or tuple(t.within_ci95) == tuple(t.ci95):
+        return ""
+    return f"; this run's rounds alone {t.within_ci95[0]:.3f}–{t.within_ci95[1]:.3f}"
 
 
 @app.command("eval")
