@@ -29,10 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kernelcraft.judge.timing import TimingResult
+from typing import Any
 
 Z95 = 1.959963984540054
 RESOLUTION_FLOOR = 0.05  # a side's overhead-corrected time is at least this share of the round-trip overhead
@@ -77,11 +74,12 @@ def between_run_bounds(ref_ms: float, cand_ms: float, overhead_ms: float, kind: 
     return down, up
 
 
-def reproducible(res: "TimingResult", kind: str, z: float = Z95) -> "TimingResult":
-    """`res` with its interval widened into the reproducibility interval (module docstring): in log space, on
-    each side, the root sum of squares of sqrt(2) x this run's half-width and the between-run bound at
-    z x sqrt(2) deviations (`between_run_bounds`: two runs differ by both errors twice). This run's own interval
-    is kept as `within_ci95` (unless `combine` already put the pooled one there)."""
+def reproducible(res: Any, kind: str, z: float = Z95) -> Any:
+    """`res` (a `timing.TimingResult`; not imported: timing imports this module) with its interval widened into the
+    reproducibility interval (module docstring): in log space, on each side, the root sum of squares of sqrt(2) x
+    this run's half-width and the between-run bound at z x sqrt(2) deviations (`between_run_bounds`: two runs
+    differ by both errors twice). This run's own interval is kept as `within_ci95` (unless `combine` already put
+    the pooled one there)."""
     lo, hi = res.ci95
     s = res.speedup
     if not (s > 0 and lo > 0 and hi > 0):
