@@ -15,7 +15,7 @@ Design decisions
     `fast_p_vs_compile`, `geomean_speedup_vs_compile`, ... as above; null without a compile baseline.
 - Intervals from the per-task CIs (the leaderboard row's error bars: how much the numbers could move from the
   timing alone, not from the choice of tasks; each task's interval is where a re-run's estimate would fall, see
-  `judge.timing.reproducible`, so these say where a re-run's row would): `fast_p_range` = [fraction correct with the CI's *lower* end
+  `judge.reproduce.reproducible`, so these say where a re-run's row would): `fast_p_range` = [fraction correct with the CI's *lower* end
   above p, fraction with its *upper* end above p] (a task whose interval straddles p counts in the upper end
   only); `geomean_speedup_ci95` = the geomean with each task's log-speedup given the normal spread its 95% CI
   implies (failures: 1.0, no spread), exp(mean ± 1.96 · sqrt(Σσ²) / n). Vs compile the same with the candidate's

@@ -51,11 +51,15 @@ class BetweenRun:
 BETWEEN_RUN = {"cuda": BetweenRun(kappa=0.06, rho=0.01), "cpu": BetweenRun(kappa=0.15, rho=0.01)}
 
 
+def _sides(ref_ms: float, cand_ms: float, overhead_ms: float, kind: str) -> tuple[BetweenRun, float, float, float]:
+    """(the device kind's calibration, the resolution floor, both times floored at it)."""
+    floor = max(RESOLUTION_FLOOR * overhead_ms, 1e-6)
+    return BETWEEN_RUN["cuda" if kind.startswith("cuda") else "cpu"], floor, max(ref_ms, floor), max(cand_ms, floor)
+
+
 def between_run_sd(ref_ms: float, cand_ms: float, overhead_ms: float, kind: str) -> float:
     """The log speedup's between-run standard deviation for these overhead-corrected medians (`BETWEEN_RUN`)."""
-    cal = BETWEEN_RUN["cuda" if kind.startswith("cuda") else "cpu"]
-    floor = max(RESOLUTION_FLOOR * overhead_ms, 1e-6)
-    r, c = max(ref_ms, floor), max(cand_ms, floor)
+    cal, _, r, c = _sides(ref_ms, cand_ms, overhead_ms, kind)
     return math.sqrt(2 * cal.rho ** 2 + (cal.kappa * overhead_ms) ** 2 * (1 / r ** 2 + 1 / c ** 2))
 
 
@@ -65,9 +69,8 @@ def between_run_bounds(ref_ms: float, cand_ms: float, overhead_ms: float, kind: 
     times themselves, not linearised: a candidate far below the round trip can read much faster in another run
     (its time minus the error nears the floor: a wide upper end) but only so much slower (its time plus the
     error: a lower end that still says 'faster' when the reference is long)."""
-    cal = BETWEEN_RUN["cuda" if kind.startswith("cuda") else "cpu"]
-    floor = max(RESOLUTION_FLOOR * overhead_ms, 1e-6)
-    r, c, e = max(ref_ms, floor), max(cand_ms, floor), k * cal.kappa * overhead_ms
+    cal, floor, r, c = _sides(ref_ms, cand_ms, overhead_ms, kind)
+    e = k * cal.kappa * overhead_ms
     rel = math.sqrt(2) * k * cal.rho
     down = math.sqrt(math.log((c + e) / c) ** 2 + math.log(r / max(r - e, floor)) ** 2 + rel ** 2)
     up = math.sqrt(math.log(c / max(c - e, floor)) ** 2 + math.log((r + e) / r) ** 2 + rel ** 2)

@@ -106,11 +106,8 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
     if out.crowded_out or not seen["overlapped"] or not _out_of_memory(out):
         return out
     with lease.exclusive():  # other jobs of ours held the GPU's memory: once more, alone (`gpushare`)
-        again = _run(job, work_dir, timeout_s, build_timeout_s, None, None, root=root or cache_root(),
-                     visible_gpu=visible_gpu)
-    again.crowded_out = True
-    again.start = f"{again.start} (run again alone on its GPU: other evaluations had crowded it out of device memory)"
-    return again
+        return _run_again(job, work_dir, root, visible_gpu, timeout_s, build_timeout_s,
+                          "run again alone on its GPU: other evaluations had crowded it out of device memory")
 
 
 def _first_run(job: dict, work_dir: Path, root: Path, visible_gpu: str | None, timeout_s: float,
@@ -147,10 +144,17 @@ def _unless_crowded_out(out: WorkerOutcome, job: dict, work_dir: Path, root: Pat
     they are killed (`warm.discard_device`): the shortage was the cache's, not the candidate's or the task's."""
     if visible_gpu is None or not _out_of_memory(out) or warm.discard_device(visible_gpu) == 0:
         return out
+    return _run_again(job, work_dir, root, visible_gpu, timeout_s, build_timeout_s,
+                      "run again: idle judges had crowded it out of device memory")
+
+
+def _run_again(job: dict, work_dir: Path, root: Path | None, visible_gpu: str, timeout_s: float,
+               build_timeout_s: float, why: str) -> WorkerOutcome:
+    """The job once more, cold (no warm judge taken or kept), marked as crowded out and why."""
     again = _run(job, work_dir, timeout_s, build_timeout_s, None, None, root=root or cache_root(),
                  visible_gpu=visible_gpu)
     again.crowded_out = True
-    again.start = f"{again.start} (run again: idle judges had crowded it out of device memory)"
+    again.start = f"{again.start} ({why})"
     return again
 
 
