@@ -756,3 +756,17 @@ def test_bench_report_task_labels_whole_and_apart_in_chromium(tmp_path):
         found = boxes(page, "#bars text.xlabel", tmp_path)
         assert sorted(f["text"] for f in found) == sorted(r["item"] for r in _summary(only, n=40)["items"])
         assert_labels_whole_and_apart(found, "per-task")
+
+
+def test_baseline_verdicts_that_ran_out_of_memory_are_not_cached():
+    """How much device memory was free depends on the other jobs on the GPU: such a verdict is re-judged on the
+    next run, not replayed from the cache (an 80 GB H100 replayed a crowded run's out-of-memory verdicts)."""
+    from kernelcraft.bench.baselines import cacheable
+
+    assert cacheable({"status": "correct", "reasons": []})
+    assert cacheable({"status": "incorrect", "reasons": ["value_mismatch"], "message": "max error 3"})
+    assert not cacheable({"status": "runtime_error", "reasons": ["out_of_memory"], "message": "out of memory"})
+    assert not cacheable({"status": "runtime_error", "reasons": ["task_error"],
+                          "message": "the reference failed: out of memory during describe: OutOfMemoryError"})
+    assert not cacheable({"status": "runtime_error", "reasons": ["harness_error"], "message": "x"})
+    assert not cacheable({"status": "timeout", "reasons": ["timeout"]})

@@ -35,3 +35,18 @@ def test_gpu_timing_counts_side_stream_work(cache_dir):
         assert v.timing is not None and v.timing.cand_ms >= 1.5, G.describe(v)
     else:
         assert v.status == "rejected" and "extra_stream" in v.reasons, G.describe(v)
+
+
+@pytest.mark.parametrize("fixture", ["hacks/gpu_fp16_softmax.py", "hacks/gpu_bf16_conv.py",
+                                     "hacks/gpu_memory_reuse_empty.py", "hacks/gpu_weights_private_copy.py",
+                                     "legit/guard_gpu_conv_channels_last.py", "legit/guard_gpu_cuda_graph.py"])
+def test_gpu_host_copies_keep_the_verdicts(fixture, cache_dir, monkeypatch):
+    """A task too large for the judge's copies on the GPU keeps them, and the float64 truth, in host memory and
+    compares through the GPU in chunks (`worker.HOST_SHARE`). Forced here on small tasks (share 0): precision
+    downgrades hidden by a softmax or in a conv, garbage memory, ignored weights are still caught, and honest
+    rewrites still pass."""
+    monkeypatch.setenv("KERNELCRAFT_JUDGE_HOST_SHARE", "0")
+    spec = G.parse_header(G.FIXTURES / fixture)
+    screen = spec.screens[-1]  # screen off where the fixture allows it: the runtime judge is what is tested
+    v = G.run_fixture(spec, screen, "cuda", cache_dir)
+    G.check_verdict(v, spec.expectation(screen), spec)

@@ -19,7 +19,8 @@ Design decisions
   is the GPU's product name, or the CPU model and core count on a CPU, so a cache entry never crosses
   machines of different kinds. Re-running a bench (or benching a second candidate set on the same
   tasks) costs no baseline measurements. Verdicts that say more about the moment than the task
-  (`timeout`, kernelcraft's own `harness_error`, a crashed worker) are never cached.
+  (`timeout`, kernelcraft's own `harness_error`, a crashed worker, anything that ran out of memory: the other
+  jobs on the GPU set how much was free) are never cached.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ DEFAULT = "eager,inductor,cudagraph"
 # default): compile baselines get at least this long (max-autotune benchmarks many kernel variants).
 MIN_TIMEOUT_S = {"inductor": 600.0, "inductor-max-autotune": 1200.0}
 GPU_ONLY = ("cudagraph",)
-_UNCACHED_REASONS = {"harness_error", "crashed", "timeout"}
+_UNCACHED_REASONS = {"harness_error", "crashed", "timeout", "out_of_memory"}
 
 
 def parse(spec: str | None, device: str) -> tuple[list[str], dict[str, str]]:
@@ -98,7 +99,10 @@ def cache_key(task_sha256: str, device: str, baseline: str, protocol: dict) -> s
 
 
 def cacheable(record: dict) -> bool:
-    return record.get("status") != "timeout" and not (_UNCACHED_REASONS & set(record.get("reasons") or []))
+    if record.get("status") == "timeout" or _UNCACHED_REASONS & set(record.get("reasons") or []):
+        return False
+    # the reference's own out-of-memory is a task_error by reason, but the moment's all the same
+    return not (record.get("status") != "correct" and "out of memory" in str(record.get("message", "")).lower())
 
 
 class Cache:

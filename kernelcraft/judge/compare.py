@@ -77,7 +77,10 @@ def default_tolerance(dtype: torch.dtype) -> float:
     return DEFAULT_TOL.get(dtype, 1e-4 if dtype.is_floating_point else 0.0)
 
 
-def compare_outputs(ref, cand, atol: float | None = None, rtol: float | None = None) -> Comparison:
+def compare_outputs(ref, cand, atol: float | None = None, rtol: float | None = None,
+                    on: torch.device | None = None) -> Comparison:
+    """Structure, then values. `on`: the device the chunked passes run on (default: the outputs'); the judge
+    passes its GPU when it keeps its copies of a large task's outputs in host memory (`worker`)."""
     res = Comparison()
     ref_list, cand_list = as_tensor_list(ref), as_tensor_list(cand)
     if ref_list is None:
@@ -108,7 +111,7 @@ def compare_outputs(ref, cand, atol: float | None = None, rtol: float | None = N
             return res.fail("dtype_mismatch", f"{where}expected dtype {r.dtype}, got {c.dtype}")
         if c.device != r.device:
             return res.fail("device_mismatch", f"{where}expected device {r.device}, got {c.device}")
-        _compare_values(res, r, c, atol, rtol, where)
+        _compare_values(res, r, c, atol, rtol, where, on or r.device)
         if not res.ok:
             return res
     return res
@@ -177,15 +180,16 @@ def with_retries(fn, device: torch.device):
     raise AssertionError("unreachable")
 
 
-def _compare_values(res: Comparison, r: torch.Tensor, c: torch.Tensor, atol, rtol, where: str) -> None:
+def _compare_values(res: Comparison, r: torch.Tensor, c: torch.Tensor, atol, rtol, where: str,
+                    on: torch.device) -> None:
     if not (r.dtype.is_floating_point or r.dtype.is_complex):
-        n = with_retries(lambda chunk, dev: _count_unequal(r, c, chunk, dev), r.device)
+        n = with_retries(lambda chunk, dev: _count_unequal(r, c, chunk, dev), on)
         if n:
             res.fail("value_mismatch", f"{where}{n} of {r.numel()} elements differ")
         return
     a, rt = resolve_tolerance(r.dtype, atol, rtol)
     res.atol, res.rtol = a, rt
-    found = with_retries(lambda chunk, dev: _value_stats(r, c, a, rt, chunk, dev), r.device)
+    found = with_retries(lambda chunk, dev: _value_stats(r, c, a, rt, chunk, dev), on)
     if found["bad_nonfinite"]:
         res.fail("nan_or_inf", f"{where}{found['bad_nonfinite']} NaN/Inf values where the reference has none")
         return

@@ -134,6 +134,7 @@ class Rule:
     outputs: list[Output] = field(default_factory=list)
     arena: Arena | None = None
     notes: list[str] = field(default_factory=list)
+    on_host: bool = False  # the float64 arena in host memory first (a large task: `worker.Evaluation._place_copies`)
 
     def __post_init__(self):
         self.kind = self.protocol.get("precision", "calibrated")
@@ -179,7 +180,8 @@ class Rule:
         if self.arena is None:
             specs = [TensorSpec(o.spec.shape, _contiguous(o.spec.shape), "float64") if o.mode == "calibrated"
                      else None for o in self.outputs]
-            for dev in ([self.device, torch.device("cpu")] if self.device.type != "cpu" else [self.device]):
+            places = [self.device, torch.device("cpu")] if self.device.type != "cpu" else [self.device]
+            for dev in (places[::-1] if self.on_host else places):
                 try:
                     self.arena = Arena(specs, dev)
                     break
@@ -236,7 +238,7 @@ class Rule:
                 if not cmp.ok and r != c:
                     return out.fail("value_mismatch", f"{where}expected {r!r}, got {c!r}")
                 continue
-            fixed = cmp if cmp.ok else compare_outputs(r, c, atol, rtol)
+            fixed = cmp if cmp.ok else compare_outputs(r, c, atol, rtol, on=self.device)
             have = truth is not None and truth[i] is not None
             if o.mode == "calibrated" and have:
                 self._pool(o, r, c, truth[i])
@@ -285,7 +287,7 @@ class Rule:
             max_r, max_c = maxima.tolist()
             return int(n), sq_t, sq_r, sq_c, max_r, max_c
 
-        n, sq_t, sq_r, sq_c, max_r, max_c = with_retries(run, r.device)
+        n, sq_t, sq_r, sq_c, max_r, max_c = with_retries(run, self.device)  # host copies stream through the GPU
         o.n += n
         o.sq_t, o.sq_r, o.sq_c = o.sq_t + sq_t, o.sq_r + sq_r, o.sq_c + sq_c
         o.max_r, o.max_c = max(o.max_r, max_r), max(o.max_c, max_c)

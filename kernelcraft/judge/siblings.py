@@ -68,7 +68,7 @@ def start(ev, k: int, tol) -> list[SideProc]:
             torch.cuda.synchronize()
         ev._check_mutation(f"candidate process {j + 1} of {k}")
         ref_out, cand_out, _ = ev._trial_outputs(replies)
-        cmp = compare_outputs(ref_out, cand_out, *tol)
+        cmp = compare_outputs(ref_out, cand_out, *tol, on=ev.device)
         if not cmp.ok:
             raise Reject("incorrect", cmp.reasons, f"candidate process {j + 1} of {k} (a fresh process for "
                          f"timing) failed its correctness trial: {cmp.message}")

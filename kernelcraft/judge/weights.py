@@ -285,14 +285,14 @@ def check(ev) -> None:
     # TF32 convolutions; fixed: atol/rtol), never the bare fixed bound: on the H100 an honest channels-last conv
     # was a false `weights_ignored` at 1.9e-4 > 1e-4 after new weights
     atol, rtol = getattr(ev, "timed_tol", (p["atol"], p["rtol"]))
-    rec["changed_output"] = not compare_outputs(r0, r1, atol, rtol).ok
+    rec["changed_output"] = not compare_outputs(r0, r1, atol, rtol, on=ev.device).ok
     ev.result["guards"].append("weights_as_inputs")
-    cmp = compare_outputs(r1, c1, atol, rtol)
+    cmp = compare_outputs(r1, c1, atol, rtol, on=ev.device)
     if cmp.ok:
         return
     if not rec["changed_output"]:  # the new weights changed nothing: this is a plain wrong answer
         raise Reject("incorrect", cmp.reasons, f"trial {p['trials'] + 1} (after new weights): {cmp.message}")
-    follows_old = compare_outputs(r0, c1, atol, rtol).ok
+    follows_old = compare_outputs(r0, c1, atol, rtol, on=ev.device).ok
     why = ("its outputs are those of the weights it was constructed with (a copy taken at construction?)"
            if follows_old else "its outputs were right only for the weights it was constructed with")
     raise Reject("incorrect", ["weights_ignored"], "after both models loaded the same new weights "

@@ -28,7 +28,10 @@ Design decisions
   memory, and the reference is idle until the next trial poisons it); the candidate's is copied (its process
   could write its arena after replying). A trial's inputs are dropped before the next draw. The previous
   trial's output, kept only to name a repeated answer `stale_output`, is kept up to `STALE_KEEP_BYTES`; a
-  larger repeated answer is still rejected, as a `value_mismatch`.
+  larger repeated answer is still rejected, as a `value_mismatch`. A task whose inputs and outputs exceed
+  `HOST_SHARE` of the GPU keeps the judge's output copies and the float64 truth in host memory from the start
+  and streams them through the GPU to compare (`_place_copies`): on an 80 GB H100, KernelBench's 6 GiB-input
+  level-1 tasks left the sides no room otherwise (the judge held 57.6 GiB). Slower checks, the same verdicts.
 - The evaluation's sequence (phases, trials) reads in one place; the timed rounds (`rounds`), the judge's handle on
   a side (`sideproc`), the side itself, the wire, the arenas, the isolation and the clock are their own modules.
 """
@@ -57,6 +60,8 @@ from kernelcraft.judge.procs import CHANNEL_FD_VAR  # noqa: E402
 from kernelcraft.judge.sideproc import SideProc  # noqa: E402
 
 STALE_KEEP_BYTES = 1 << 30  # the previous trial's candidate output is kept up to this size (module docstring)
+HOST_SHARE = 1 / 8  # inputs + outputs above this share of the GPU: the judge's copies in host memory (`_place_copies`)
+HOST_SHARE_VAR = "KERNELCRAFT_JUDGE_HOST_SHARE"  # overrides it (tests force host copies on small tasks with 0)
 
 
 class Evaluation:
@@ -201,11 +206,24 @@ class Evaluation:
             desc, fds = a.handle()
             self.out_arenas[s.role] = a
             s.request(dict(cmd="outputs", arena=desc, kind=self.out_kind), fds)
+        self._place_copies()
         self.ready = Warm(self.task, self.in_specs, values, self.in_arenas["reference"], self.out_specs,
                           self.out_kind, self.out_arenas["reference"], self.ref_construct, self.stateful)
         self.result["guards"] += ["separate_processes", "secret_inputs", "inputs_verified", "outputs_poisoned"]
 
     # -- inputs and outputs ------------------------------------------------------------------------------
+    def _place_copies(self) -> None:
+        """A task whose inputs and outputs take more than `HOST_SHARE` of the GPU: the judge's own copies of
+        outputs (each trial's, the weights trial's) and the float64 truth go to host memory from the start, and
+        comparisons stream them through the GPU in chunks. On device they cost ~4x the output beside the four
+        arenas, and on an 80 GB H100 they left a 6 GiB-input task's sides without room to run (issue 16)."""
+        if self.device.type != "cuda" or getattr(self, "copy_device", None) is not None:
+            return
+        share = float(os.environ.get(HOST_SHARE_VAR) or HOST_SHARE)  # 0 forces it (the GPU tests do)
+        io = sum(s.nbytes for s in list(self.in_specs) + list(self.out_specs) if s is not None)
+        if io > share * torch.cuda.get_device_properties(self.device).total_memory:
+            self.copy_device = torch.device("cpu")
+
     def _draw(self) -> list:
         """A fresh draw from the task's get_inputs(), on the device, with the judge's secret RNG state."""
         try:
@@ -278,7 +296,8 @@ class Evaluation:
         trials = p["trials"]
         passed, max_abs, max_rel, atol, rtol = 0, 0.0, 0.0, None, None
         prev = None
-        rule = precision.Rule(p, self.out_specs, self.device, self.ref)  # calibrated or fixed (issue 16)
+        rule = precision.Rule(p, self.out_specs, self.device, self.ref,  # calibrated or fixed (issue 16)
+                              on_host=getattr(self, "copy_device", None) is not None)
         shares = [None] * trials + partial.shares(p.get("partial_trials", 0))  # None: a fresh draw
         partials = {"partial_trials": 0, "partial_skipped": 0}
         for t, share in enumerate(shares):
@@ -313,7 +332,7 @@ class Evaluation:
             if moved and prev is not None:
                 prev = tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in prev) \
                     if isinstance(prev, tuple) else prev.cpu()
-            cmp = compare_outputs(ref_out, cand_out, p["atol"], p["rtol"])
+            cmp = compare_outputs(ref_out, cand_out, p["atol"], p["rtol"], on=self.device)
             cmp = rule.trial(ref_out, cand_out, truth, cmp, p["atol"], p["rtol"])
             max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
             atol, rtol = cmp.atol if cmp.atol is not None else atol, cmp.rtol if cmp.rtol is not None else rtol
