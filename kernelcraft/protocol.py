@@ -6,9 +6,10 @@ Design decisions
   overrides); none restates a default. Before the split, the timing budget was 3 s through `eval` and
   1-2 s through `optimize`/`bench`, so one candidate got different verdicts by entry point.
 - Defaults that depend on the device are per device *kind* (`DEVICE_DEFAULTS`: a CPU timing budget of
-  1 s, a GPU's 2 s; a GPU candidate may spend minutes in `torch.compile`, so its run clock is longer; two
-  candidate processes on a CPU, where one process's speed was seen to differ 3x from the next's, one on a
-  GPU until the between-process spread is measured there).
+  1 s, a GPU's 2 s; a GPU candidate may spend minutes in `torch.compile`, so its run clock is longer; three
+  candidate processes on a CPU, where one process's speed was seen to differ 3x from the next's and, with
+  two, one of them on a busy core still moved the pooled estimate out of the first run's interval
+  (BENCHMARKS.md, seventh and eighth sessions); one on a GPU, where runs reproduce with one).
   A field left `None` means "the device's default"; `resolved(device)` fills them in, and the resolved
   protocol is what every verdict records (`Verdict.protocol`), what `bench.json` pins and what a run
   database stores, so a number always travels with the rules that produced it.
@@ -28,7 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 DEVICE_DEFAULTS: dict[str, dict[str, float]] = {
-    "cpu": {"time_budget_s": 1.0, "timeout_s": 180.0, "processes": 2},
+    "cpu": {"time_budget_s": 1.0, "timeout_s": 180.0, "processes": 3},
     "cuda": {"time_budget_s": 2.0, "timeout_s": 300.0, "processes": 1},
 }
 WEAKENING = ("screen", "runtime_guards")  # never accepted from a remote caller
@@ -75,7 +76,7 @@ class Protocol(BaseModel):
     processes: int | None = Field(None, ge=1, le=8, description="candidate processes timed interleaved in blocks "
                                   "of rounds, each with a correctness trial of its own; the CI spans every process's "
                                   "interval, so it covers between-process variation (1: one process, within-run "
-                                  "CI only; default 2 cpu / 1 gpu, see README)")
+                                  "CI only; default 3 cpu / 1 gpu, see README)")
     input_sets: int = Field(8, ge=2, le=64, description="input sets rotated while timing (no warm-cache wins)")
     input_pool_bytes: int = Field(1 << 30, ge=1 << 20, description="memory the rotated input sets may take")
     timeout_s: float | None = Field(None, gt=0, le=7200, description="seconds allowed after the build: "
