@@ -469,7 +469,7 @@ def _fake_optimize(calls: list, delay: dict, fail: str | None = None):
 
     lock, active = threading.Lock(), [0]
 
-    def fake(it, out, o, dev, eval_opts, pool, env, emit, policy, stop):
+    def fake(it, out, o, dev, eval_opts, pool, env, emit, policy, stop, known=None):
         with lock:
             active[0] += 1
             calls.append(("start", it.name, active[0], threading.current_thread() is threading.main_thread()))
@@ -547,7 +547,7 @@ def say(*words):
     with lock:
         print(*words, flush=True)
 
-def fake(it, out, o, dev, eval_opts, pool, env, emit, policy, stop):
+def fake(it, out, o, dev, eval_opts, pool, env, emit, policy, stop, known=None):
     say("started", it.name)
     say("stopped" if stop.wait(30) else "never-stopped", it.name)
     raise Cancelled(it.name)
@@ -770,3 +770,16 @@ def test_baseline_verdicts_that_ran_out_of_memory_are_not_cached():
                           "message": "the reference failed: out of memory during describe: OutOfMemoryError"})
     assert not cacheable({"status": "runtime_error", "reasons": ["harness_error"], "message": "x"})
     assert not cacheable({"status": "timeout", "reasons": ["timeout"]})
+
+
+def test_the_optimize_run_of_a_task_gets_its_baselines_by_text():
+    """The recipes policy's first round proposes the bench's baseline texts again: the run is handed this task's
+    baseline verdicts (by candidate sha256), never another task's or one that ran out of memory."""
+    from kernelcraft.bench.run import _measured_texts
+
+    ok = {"candidate_sha256": "c1", "status": "correct", "reasons": []}
+    oom = {"candidate_sha256": "c2", "status": "runtime_error", "reasons": ["out_of_memory"], "message": "oom"}
+    other = {"candidate_sha256": "c3", "status": "correct", "reasons": []}
+    base = {("t1", "inductor"): ok, ("t1", "cudagraph"): oom, ("t2", "inductor"): other}
+    assert _measured_texts(base, "t1") == {"c1": ok}
+    assert _measured_texts(base, "t3") == {}

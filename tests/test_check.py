@@ -243,13 +243,13 @@ def test_reference_sanity_reads_outputs_in_chunks(monkeypatch):
     per element: 1.5 GiB for KernelBench's 6 GiB outputs, which ran the judge out of memory on an 80 GB H100)."""
     import math
 
-    from kernelcraft.judge import worker
+    from kernelcraft.judge import compare
 
-    monkeypatch.setattr(worker, "DEVICE_CHUNK", 7)
+    monkeypatch.setattr(compare, "DEVICE_CHUNK", 7)
     t = torch.full((5, 9), math.nan)
-    assert not worker._any_finite(t)
+    assert not compare.any_finite(t)
     t[4, 8] = 1.0  # the last element of the last chunk
-    assert worker._any_finite(t)
+    assert compare.any_finite(t)
     t[4, 8] = math.inf
-    assert not worker._any_finite(t)
-    assert worker._any_finite(torch.zeros(3, 4)[:, ::2])  # non-contiguous views too
+    assert not compare.any_finite(t)
+    assert compare.any_finite(torch.zeros(3, 4)[:, ::2])  # non-contiguous views too

@@ -255,3 +255,41 @@ def test_best_py_loads_the_references_state_dict(tmp_path, cache_dir):
     assert (out / "best.py").read_text() == FAST_DROP_IN
     assert db.get(res.best_candidate).verdict["weights"]["checked"]
     assert_drop_in(task, out / "best.py")
+
+
+def test_a_verdict_measured_before_is_taken_only_under_the_same_rules(tmp_path, monkeypatch):
+    """`known_verdicts` (a bench's baselines of the same texts): a first evaluation under this run's protocol, on
+    this device kind, is taken as it is (marked `shared`) instead of measured again; one under other rules (another
+    timing budget), a timeout or one from another device is measured. Confirmations are always measured."""
+    import hashlib
+
+    from kernelcraft.protocol import Protocol
+    from kernelcraft.search import optimize as opt
+
+    calls = []
+
+    def fake(self, source, seed, budget):
+        calls.append((source, seed, budget))
+        return {"status": "correct", "speedup": 1.1, "timing": {"speedup": 1.1, "ci95": [1.05, 1.15]}}
+
+    monkeypatch.setattr(opt._Run, "_evaluate", fake)
+    a, b = SAME.replace("@ B", "@ B + 0"), SAME.replace("@ B", "@ B * 1")
+    c, d = SAME.replace("@ B", "@ B - 0"), SAME.replace("@ B", "@ B / 1")
+    proto = Protocol(trials=2, time_budget_s=0.3)
+    rules = proto.resolved("cpu").key()
+    sha = lambda s: hashlib.sha256(s.encode()).hexdigest()  # noqa: E731
+    measured = {"status": "correct", "speedup": 1.5, "device": "cpu", "env": {"gpu": None},
+                "timing": {"speedup": 1.5, "ci95": [1.4, 1.6]}, "protocol": {**rules, "timeout_s": 600.0}}
+    known = {sha(a): measured, sha(b): {**measured, "protocol": {**rules, "time_budget_s": 2.0}},
+             sha(c): {**measured, "status": "timeout"},
+             sha(d): {**measured, "device": "cuda:0 NVIDIA H100 80GB HBM3", "env": {"gpu": "NVIDIA H100 80GB HBM3"}}}
+    res = optimize(DIAG, tmp_path, Options(device="cpu", budget=4, k=4, confirm=1, null_control=False,
+                                           protocol=proto, known_verdicts=known), policy=_Scripted([a, b, c, d]))
+    first = [x for x in calls if x[1] == rules["seed"] and x[2] == rules["time_budget_s"]]
+    assert sorted(x[0] for x in first) == sorted([b, c, d])  # only a was taken
+    rows = RunDB(tmp_path).rows()
+    assert rows[0].speedup == 1.5 and "shared" in json.loads(RunDB(tmp_path).conn.execute(
+        "SELECT verdict FROM candidates WHERE id = ?", (rows[0].id,)).fetchone()[0])
+    assert len(calls) > len(first)  # the leader's confirmation was measured, not taken
+    assert "known_verdicts" not in RunDB(tmp_path).get_meta("options")
+    assert res.candidates == 4

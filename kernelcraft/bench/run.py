@@ -23,6 +23,10 @@ Design decisions
   pool gets timing slots on each and routes every evaluation to whichever is free, and each optimize run is
   leased the least busy GPU (`--task-jobs` defaults to the number of GPUs). One product name for all, so the
   device pin, the baseline cache and the numbers mean one kind of GPU; each verdict records its own device.
+- Each optimize run is handed its task's baseline verdicts by candidate text (`_measured_texts`): the recipes
+  policy's first round proposes `compile:default` and `cudagraph`, the very texts the baselines measured, and
+  the run takes those verdicts (under the same protocol, on the same device kind) instead of measuring them
+  twice; its confirmations and the final judgement of best.py are measured afresh as before.
 - Optimizations run after the pool's work, `--task-jobs` tasks at once (threads; each `optimize` run has
   its own run directory, lock, database and parallel evaluations). Several are safe on one GPU: every
   evaluation holds the device lock (a cross-process flock) for its whole device phase, so GPU work never
@@ -288,7 +292,8 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
         stop = cancel or threading.Event()  # set on Ctrl-C or a failed task: the optimize runs stop
         lease = DeviceLease(devs)
         evaluated += _optimize_tasks(todo_opt, groups, log, opts.task_jobs, stop, emit, lambda it: lease.run(
-            lambda d: _optimize_item(it, out, opts, d, proto, pool, env, emit, policy, stop)))
+            lambda d: _optimize_item(it, out, opts, d, proto, pool, env, emit, policy, stop,
+                                     known=_measured_texts(base, it.task.sha256))))
         pool.close()
         pool = None
         summary = summarise(source, items, log.records, base, wanted, skipped, stats, out, devname, opts,
@@ -368,10 +373,18 @@ def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: t
                      label=lambda key: groups[key][0].name)
 
 
+def _measured_texts(base: dict, task_sha: str) -> dict:
+    """This task's baseline verdicts by candidate text (sha256): the recipes policy's first round proposes the
+    same texts (`compile:default`, `cudagraph`), and the run takes these instead of measuring them again."""
+    return {rec["candidate_sha256"]: rec for (sha, _), rec in base.items()
+            if sha == task_sha and rec.get("candidate_sha256") and bl.cacheable(rec)}
+
+
 def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, proto: Protocol, pool, env: dict,
-                   emit, policy, stop: threading.Event | None = None) -> dict:
+                   emit, policy, stop: threading.Event | None = None, known: dict | None = None) -> dict:
     run_dir = out / "runs" / _slug(it.name)
     o = Options(policy=opts.policy, budget=opts.budget, device=dev, protocol=proto, **opts.optimize_options)
+    o.known_verdicts = dict(known or {})
     emit("optimize_start", name=it.name, run_dir=str(run_dir))
     try:
         res = optimize(it.task, run_dir, o, policy=policy, cancel=stop,

@@ -138,6 +138,13 @@ def flat(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1) if t.is_contiguous() else t.detach().contiguous().reshape(-1)
 
 
+def any_finite(t: torch.Tensor) -> bool:
+    """Chunk by chunk, stopping at the first finite value: a whole-output mask is a byte per element (1.5 GiB
+    for a 6 GiB output), which ran the judge out of memory on an 80 GB H100 next to both sides' arenas."""
+    f = flat(t)
+    return any(bool(torch.isfinite(f[i:i + DEVICE_CHUNK]).any()) for i in range(0, f.numel(), DEVICE_CHUNK))
+
+
 def chunks(tensors: list[torch.Tensor], chunk: int, device: torch.device | None = None, dtype=torch.float64):
     """Aligned flat chunks of equally sized tensors, each converted to `dtype` on `device` (default: the
     first tensor's): the only way judge-side passes widen outputs (bounded memory)."""

@@ -52,7 +52,7 @@ import torch  # noqa: E402
 
 from kernelcraft.judge import isolation, partial, precision, rounds, side as side_mod, tripwires, weights  # noqa: E402,E501
 from kernelcraft.judge.arena import Arena, TensorSpec  # noqa: E402
-from kernelcraft.judge.compare import DEVICE_CHUNK, as_tensor_list, compare_outputs, flat, is_oom  # noqa: E402
+from kernelcraft.judge.compare import any_finite, as_tensor_list, compare_outputs, is_oom  # noqa: E402
 from kernelcraft.judge.guards import Reject  # noqa: E402
 from kernelcraft.judge import jobs  # noqa: E402
 from kernelcraft.judge.jobs import Channel, Warm  # noqa: E402,F401  (Channel: the result channel's class)
@@ -392,16 +392,9 @@ def _contiguous(shape) -> tuple[int, ...]:
 def _reference_sane(ref_out) -> None:
     """An all-NaN/Inf reference output leaves nothing to compare: the task (or its inputs) is broken."""
     for r in ([ref_out] if isinstance(ref_out, torch.Tensor) else ref_out):
-        if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel() and not _any_finite(r):
+        if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel() and not any_finite(r):
             raise Reject("runtime_error", ["task_error"], "the reference's output is NaN/Inf everywhere: "
                          "there is nothing to compare a candidate against")
-
-
-def _any_finite(t: torch.Tensor) -> bool:
-    """Chunk by chunk, stopping at the first finite value: a whole-output mask is a byte per element (1.5 GiB
-    for a 6 GiB output), which ran the judge out of memory on an 80 GB H100 next to both sides' arenas."""
-    f = flat(t)
-    return any(bool(torch.isfinite(f[i:i + DEVICE_CHUNK]).any()) for i in range(0, f.numel(), DEVICE_CHUNK))
 
 
 def main(chan_fd: int | None = None) -> None:

@@ -9,7 +9,9 @@ Design decisions
   With more than one job the device lock covers each worker's whole device phase (construction,
   checks, compiles and autotuning they trigger, timing: `lock_scope="device"`), so one candidate's
   checks never run beside another's timing; start-up and imports still overlap. On a CPU the default is one job at a
-  time below 8 cores: a compile running beside a timed candidate would be timed too.
+  time below 8 cores: a compile running beside a timed candidate would be timed too. A text whose verdict
+  the caller already has (`Options.known_verdicts`: a bench's baselines) is not measured again when that verdict
+  was judged under this run's protocol on this device kind (`search.shared`); it is stored marked `shared`.
 - A null control runs first (once per run): the reference itself as a candidate (`class ModelNew(Model)`).
   It is never a candidate and never a result; its measured "speedup" is the harness's bias and noise
   floor for this task on this machine (ideally 1.0; a timing path that favours the candidate shows
@@ -59,6 +61,7 @@ from kernelcraft.search import exemplars as ex
 from kernelcraft.search.policies import Context, Policy, make_policy
 from kernelcraft.search.prompt import Failure
 from kernelcraft.search.rundb import RunDB
+from kernelcraft.search.shared import shared_verdict
 from kernelcraft.task import Task, load_task
 from kernelcraft.search.techniques import techniques
 
@@ -100,6 +103,10 @@ class Options:
     allow_precision_change: bool = False
     backend: str = "any"
     policy_options: dict = field(default_factory=dict)
+    # verdicts already measured for exact candidate texts (candidate sha256 -> verdict record), e.g. the bench's
+    # baselines, which the recipes policy's first round proposes again: taken instead of a new evaluation when
+    # judged under this run's protocol (`search.shared`). An execution setting: not pinned, not stored in the options.
+    known_verdicts: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -189,7 +196,8 @@ class _Run:
             changed = sorted(k for k in set(pinned) | set(now) if pinned.get(k) != now.get(k))
             raise ValueError(f"{out} holds a run judged under another protocol ({', '.join(changed)} differ): "
                              "resume it with the same options, or use another --out")
-        db.set_meta("options", {**{k: v for k, v in asdict(opts).items() if k not in ("policy_options", "protocol")},
+        db.set_meta("options", {**{k: v for k, v in asdict(opts).items()
+                                   if k not in ("policy_options", "protocol", "known_verdicts")},
                                 "protocol": now})
         self.info = device_info(device)
         db.set_meta("device", self.info.describe())
@@ -222,7 +230,9 @@ class _Run:
     def _eval_one(self, row) -> None:
         self.db.claim(row.id)
         self.emit("eval_start", id=row.id)
-        verdict = self._evaluate(row.source, self.protocol.seed, self.eval_time)
+        verdict = (shared_verdict(self.opts.known_verdicts, row.source, self.protocol.with_(
+            time_budget_s=self.eval_time).key(), self.info) or self._evaluate(row.source, self.protocol.seed,
+                                                                               self.eval_time))
         self.db.finish(row.id, verdict)
         done = self.db.get(row.id)
         self.emit("verdict", id=row.id, status=done.status, speedup=done.speedup,
