@@ -775,7 +775,7 @@ def test_baseline_verdicts_that_ran_out_of_memory_are_not_cached():
 def test_the_optimize_run_of_a_task_gets_its_baselines_by_text():
     """The recipes policy's first round proposes the bench's baseline texts again: the run is handed this task's
     baseline verdicts (by candidate sha256), never another task's or one that ran out of memory."""
-    from kernelcraft.bench.run import _measured_texts
+    from kernelcraft.bench.records import measured_texts as _measured_texts
 
     ok = {"candidate_sha256": "c1", "status": "correct", "reasons": []}
     oom = {"candidate_sha256": "c2", "status": "runtime_error", "reasons": ["out_of_memory"], "message": "oom"}

@@ -54,7 +54,6 @@ Design decisions
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -69,6 +68,7 @@ from kernelcraft import devices
 from kernelcraft.bench import baselines as bl
 from kernelcraft.bench.metrics import first_line, metrics, summarise
 from kernelcraft.bench.options import BenchOptions
+from kernelcraft.bench.records import base_record, bench_verdict, measured_texts, record, text_sha256
 from kernelcraft.bench.report import write_report
 from kernelcraft.bench.sources import BenchError, Item, Source, resolve
 from kernelcraft.bench.taskpool import DeviceLease, OneAtATime, run_tasks
@@ -126,10 +126,6 @@ class _Log:
         self.f.close()
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@-]+", "_", name).strip("_") or "task"
 
@@ -171,12 +167,12 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
     try:
         _check_meta(out, source, devname, protocol, optimize_cfg)
         items = source.items[: opts.limit] if opts.limit else list(source.items)
-        opt_key = "optimize-" + _sha(json.dumps(optimize_cfg, sort_keys=True, default=str))[:16]
+        opt_key = "optimize-" + text_sha256(json.dumps(optimize_cfg, sort_keys=True, default=str))[:16]
         for it in items:
             if it.error is not None or it.task is None:
-                it.key = "input-" + _sha(f"{it.origin}\0{it.error}")[:32]
+                it.key = "input-" + text_sha256(f"{it.origin}\0{it.error}")[:32]
             elif it.candidate is not None:
-                it.key = f"{it.task.sha256}:{_sha(it.candidate)}"
+                it.key = f"{it.task.sha256}:{text_sha256(it.candidate)}"
             elif it.missing is not None or source.has_candidates:
                 it.missing = it.missing or "no candidate"
                 it.key = f"{it.task.sha256}:none"
@@ -197,7 +193,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
             if key in log.records or (it.error is None and it.missing is None):
                 continue
             status = "input_error" if it.error is not None else "no_candidate"
-            log.append(_record(_bench_verdict(it, status, it.error or it.missing, dev, proto.mode, env), group))
+            log.append(record(bench_verdict(it, status, it.error or it.missing, dev, proto.mode, env), group))
 
         # baselines: from this run's log, the shared cache, or measured
         tasks = {}
@@ -259,10 +255,10 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
             try:
                 src = bl.source(tasks[sha].source, b)
             except Exception as e:  # noqa: BLE001 - a task the wrapper cannot render: a failed baseline
-                rec = _bench_verdict(Item(name=tasks[sha].name, task=tasks[sha]), "compile_error",
+                rec = bench_verdict(Item(name=tasks[sha].name, task=tasks[sha]), "compile_error",
                                      f"could not render the {b} baseline: {type(e).__name__}: {e}", dev, proto.mode, env)
                 rec.update(status="compile_error", reasons=["build_failed"])
-                base[(sha, b)] = _base_record(rec, sha, b, ck)
+                base[(sha, b)] = base_record(rec, sha, b, ck)
                 base_log.append(base[(sha, b)])
                 stats["measured_now"] += 1
                 emit("result", what="baseline", name=f"{tasks[sha].name} [{b}]", status="compile_error",
@@ -275,7 +271,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
             v = f.result().to_json()
             if what[0] == "baseline":
                 _, sha, b, ck = what
-                rec = _base_record(v, sha, b, ck)
+                rec = base_record(v, sha, b, ck)
                 base_log.append(rec)
                 cache.put(ck, rec)
                 base[(sha, b)] = rec
@@ -284,7 +280,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                      speedup=v["speedup"], message=first_line(v["message"]))
             else:
                 group = groups[what[1]]
-                log.append(_record(v, group))
+                log.append(record(v, group))
                 evaluated += len(group)
                 emit("result", what="item", name=group[0].name, status=v["status"], speedup=v["speedup"],
                      message=first_line(v["message"]))
@@ -293,7 +289,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
         lease = DeviceLease(devs)
         evaluated += _optimize_tasks(todo_opt, groups, log, opts.task_jobs, stop, emit, lambda it: lease.run(
             lambda d: _optimize_item(it, out, opts, d, proto, pool, env, emit, policy, stop,
-                                     known=_measured_texts(base, it.task.sha256))))
+                                     known=measured_texts(base, it.task.sha256))))
         pool.close()
         pool = None
         summary = summarise(source, items, log.records, base, wanted, skipped, stats, out, devname, opts,
@@ -339,45 +335,19 @@ def _check_meta(out: Path, source: Source, devname: str, protocol: dict, optimiz
                                     "created_at": time.time()}, indent=2) + "\n")
 
 
-def _bench_verdict(it: Item, status: str, message: str, dev: str, mode: str, env: dict) -> dict:
-    """A verdict-shaped record for what the bench settles without an evaluation."""
-    return {"task": it.name, "candidate_sha256": _sha(it.candidate) if it.candidate is not None else None,
-            "device": dev, "status": status, "reasons": [status], "message": message, "correctness": None,
-            "timing": None, "speedup": None, "build_s": 0.0, "wall_s": 0.0, "env": env, "mode": mode, "guards": []}
-
-
-def _record(verdict: dict, group: list[Item]) -> dict:
-    it = group[0]
-    return {**verdict, "key": it.key, "item": it.name, "items": [g.name for g in group],
-            "task_sha256": it.task.sha256 if it.task is not None else None, "level": it.level,
-            "task_id": it.task_id, "origin": it.origin, "candidate_path": it.candidate_path or verdict.get(
-                "candidate_path"), "extra": it.extra}
-
-
-def _base_record(verdict: dict, sha: str, name: str, ck: str) -> dict:
-    return {**verdict, "key": ck, "baseline": name, "task_sha256": sha}
-
-
 def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: threading.Event, emit,
                     optimize_one: Callable[[Item], dict]) -> int:
     """Optimize the tasks `keys`, `jobs` at a time (module docstring; `taskpool.run_tasks`); returns the items
     judged. Every record is logged and reported here, in the calling thread, in completion order."""
     def finished(key: str, rec: dict) -> int:
         group = groups[key]
-        log.append(_record(rec, group))
+        log.append(record(rec, group))
         emit("result", what="item", name=group[0].name, status=rec["status"], speedup=rec["speedup"],
              message=first_line(rec["message"]))
         return len(group)
 
     return run_tasks(keys, jobs, stop, lambda key: optimize_one(groups[key][0]), finished,
                      label=lambda key: groups[key][0].name)
-
-
-def _measured_texts(base: dict, task_sha: str) -> dict:
-    """This task's baseline verdicts by candidate text (sha256): the recipes policy's first round proposes the
-    same texts (`compile:default`, `cudagraph`), and the run takes these instead of measuring them again."""
-    return {rec["candidate_sha256"]: rec for (sha, _), rec in base.items()
-            if sha == task_sha and rec.get("candidate_sha256") and bl.cacheable(rec)}
 
 
 def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, proto: Protocol, pool, env: dict,
@@ -404,7 +374,7 @@ def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, proto: Pro
         why = {"no_improvement": f"optimize found {res.correct} correct candidate(s) but none verified faster than "
                                  "the reference",
                "no_correct": "optimize found no correct candidate"}.get(res.status, res.status)
-        rec = _bench_verdict(it, "no_candidate", f"{why} ({res.candidates} candidates, policy {res.policy}): no "
+        rec = bench_verdict(it, "no_candidate", f"{why} ({res.candidates} candidates, policy {res.policy}): no "
                              "best.py, counted as a failure", dev, proto.mode, env)
     rec["optimize"] = {k: summary[k] for k in ("status", "best_speedup", "best_ci95", "confirmed", "candidates",
                                                "correct", "verified_faster", "stopped", "run_dir", "best_techniques",
