@@ -23,7 +23,7 @@ Design decisions
   pool gets timing slots on each and routes every evaluation to whichever is free, and each optimize run is
   leased the least busy GPU (`--task-jobs` defaults to the number of GPUs). One product name for all, so the
   device pin, the baseline cache and the numbers mean one kind of GPU; each verdict records its own device.
-- Each optimize run is handed its task's baseline verdicts by candidate text (`_measured_texts`): the recipes
+- Each optimize run is handed its task's baseline verdicts by candidate text (`records.measured_texts`): the recipes
   policy's first round proposes `compile:default` and `cudagraph`, the very texts the baselines measured, and
   the run takes those verdicts (under the same protocol, on the same device kind) instead of measuring them
   twice; its confirmations and the final judgement of best.py are measured afresh as before.

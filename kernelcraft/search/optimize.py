@@ -230,9 +230,9 @@ class _Run:
     def _eval_one(self, row) -> None:
         self.db.claim(row.id)
         self.emit("eval_start", id=row.id)
-        verdict = (shared_verdict(self.opts.known_verdicts, row.source, self.protocol.with_(
-            time_budget_s=self.eval_time).key(), self.info) or self._evaluate(row.source, self.protocol.seed,
-                                                                               self.eval_time))
+        first = self.protocol.with_(time_budget_s=self.eval_time)  # what `_evaluate` below would judge under
+        verdict = (shared_verdict(self.opts.known_verdicts, row.source, first.key(), self.info)
+                   or self._evaluate(row.source, first.seed, first.time_budget_s))
         self.db.finish(row.id, verdict)
         done = self.db.get(row.id)
         self.emit("verdict", id=row.id, status=done.status, speedup=done.speedup,

@@ -14,7 +14,7 @@ Design decisions
 """
 from __future__ import annotations
 
-import hashlib
+from kernelcraft.candidate import Candidate
 
 CLOCKS = ("timeout_s", "build_timeout_s")
 
@@ -22,7 +22,7 @@ CLOCKS = ("timeout_s", "build_timeout_s")
 def shared_verdict(known: dict, source: str, protocol_key: dict, info) -> dict | None:
     """The verdict in `known` for `source` if it may stand in for a first evaluation under `protocol_key` on the
     device `info` (`devices.DeviceInfo`), marked `shared`; else None."""
-    v = known.get(hashlib.sha256(source.encode()).hexdigest()) if known else None
+    v = known.get(Candidate(source).sha256) if known else None  # the verdicts' own candidate_sha256
     if not v or v.get("status") == "timeout":
         return None
     gpu = (v.get("env") or {}).get("gpu")
