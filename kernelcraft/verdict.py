@@ -176,8 +176,9 @@ class Verdict(BaseModel):
     guards: list[str] = Field(default_factory=list, description="runtime guards that ran")
     phases_s: dict[str, float] = Field(default_factory=dict, description="seconds per worker phase (spawn = "
                                        "fork or interpreter start and the two sides' forks, and on a GPU start = the "
-                                       "judge's CUDA context; reference, import (the candidate's side: its CUDA "
-                                       "context, strict mode's kernel tracer, the import and its builds), "
+                                       "judge's CUDA context; reference, prepare (the candidate's side: its CUDA "
+                                       "context, strict mode's kernel tracer, trusted libraries it imports), "
+                                       "import (the candidate's module and its builds), "
                                        "wait_device, init, check, time); empty without a worker")
     protocol: Protocol | None = Field(None, description="the resolved protocol this verdict was reached under "
                                       "(kernelcraft.protocol); None only for records made without judging")

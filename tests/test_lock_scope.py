@@ -101,3 +101,23 @@ def test_trusted_imports_named_for_preloading_off_the_lock():
     assert preloads("import torch\nimport triton\nimport triton.language as tl\n") == ["triton"]
     assert preloads("    from triton import jit\n") == ["triton"]
     assert preloads("import torch\n# triton is not used\n") == []
+    # torch.compile: inductor's compiler (~1-2 s of imports) before the lock, not in the candidate's construction
+    assert preloads("import torch\nf = torch.compile(g, mode='default')\n") == ["torch._inductor.compile_fx"]
+    assert preloads("from torch import compile\nf = compile(g)\n") == ["torch._inductor.compile_fx"]
+    assert preloads("import torch\nx = compile_all(y)\n") == []
+
+
+def test_candidate_prepared_off_the_lock_then_imported_on_it(cache_dir):
+    """`prepare` (CUDA, the tracer, trusted imports: no candidate code) runs before the wait for the lock; the
+    candidate's module, after it."""
+    lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
+    held = threading.Event()
+    t = threading.Thread(target=_hold_lock, args=(lock, 6.0, held))
+    t.start()
+    held.wait()
+    v = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, lock_scope="device", cache_dir=cache_dir)
+    t.join()
+    assert v.status == "correct", v.message
+    order = list(v.phases_s)
+    assert order.index("prepare") < order.index("wait_device") < order.index("import") < order.index("init"), order
+    assert v.phases_s["wait_device"] >= 2.0, v.phases_s

@@ -262,12 +262,70 @@ def test_fp64_evaluate_reports_what_it_cannot_do(kw, note):
     assert got["available"] == [False] and note in got["note"]
 
 
+class _SampledReference:
+    """The reference's side in this process: `fp64` requests answered by `fp64.evaluate` into the rule's arena."""
+    def __init__(self, model, x):
+        self.model, self.x, self.rule, self.picks = model, x, None, []
+
+    def request(self, msg, fds=(), phase=None):
+        if msg.get("release"):
+            return {"type": "ok"}
+        self.picks.append(msg.get("picks"))
+        return {"type": "ok", **fp64.evaluate(self.model, [self.x], self.rule.arena.tensors, torch.device("cpu"),
+                                              picks=msg.get("picks"))}
+
+
+def test_large_outputs_pool_a_secret_strided_sample_of_the_truth(monkeypatch):
+    """Issue 16, point 4: above TRUTH_SAMPLE elements the float64 truth is a strided sample (the judge's memory stays
+    small), from a start drawn every trial; the rule still accepts honest fp32 and rejects fp16."""
+    monkeypatch.setattr(precision, "TRUTH_SAMPLE", 500)
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(256, 64), torch.randn(128, 256)
+    ref = model(x).detach()
+    w, b = model.weight.detach(), model.bias.detach()
+    honest = sum(x[:, i:i + 32] @ w[:, i:i + 32].t() for i in range(0, 256, 32)) + b  # another summation order
+    fp16 = (x.half().float() @ w.half().float().t() + b).half().float()
+    for cand, ok in ((honest, True), (fp16, False)):
+        side = _SampledReference(model, x)
+        rule = side.rule = precision.Rule({"precision": "calibrated", "precision_factor": 6.0}, [TensorSpec.of(ref)],
+                                          torch.device("cpu"), reference=side)
+        for _ in range(4):
+            truth = rule.truth()
+            assert truth[0].shape == (500,) and truth[0].dtype == torch.float64
+            p = side.picks[-1][0]
+            want = (x.double() @ w.double().t() + b.double()).reshape(-1)[p["start"]::p["stride"]][:500]
+            assert torch.allclose(truth[0], want, rtol=1e-12, atol=1e-12)  # the sample is of the truth itself
+            cmp = rule.trial(ref, cand, truth, compare_outputs(ref, cand), None, None)
+            if not cmp.ok:
+                break
+        res = rule.final() if cmp.ok else cmp
+        assert res.ok is ok, res.message
+        assert rule.outputs[0].n == 500 * len(side.picks)  # pooled over the samples only
+        assert "strided sample" in (rule.record()["rule_note"] or "")
+        assert all(p[0]["stride"] == 128 * 64 // 500 for p in side.picks)
+    starts = {p[0]["start"] for p in side.picks}
+    assert all(0 <= s < 16 for s in starts)
+
+
+def test_fp64_picked_and_no_pick_for_small_outputs():
+    t = torch.arange(100.0).reshape(10, 10)
+    assert torch.equal(fp64.picked(t, {"start": 3, "stride": 7, "size": 5}), torch.tensor([3.0, 10, 17, 24, 31]))
+    assert fp64.picked(t, None) is t
+    assert precision.pick(precision.TRUTH_SAMPLE) is None
+    p = precision.pick(3 * precision.TRUTH_SAMPLE + 5)
+    assert p["stride"] == 3 and 0 <= p["start"] < 3 and p["size"] == precision.TRUTH_SAMPLE
+    assert p["start"] + p["stride"] * (p["size"] - 1) < 3 * precision.TRUTH_SAMPLE + 5
+
+
 # -- partial-change inputs ----------------------------------------------------------------------------------------
 def test_partial_mix_changes_few_elements_in_place_of_a_fresh_draw():
     prev = [torch.randn(64, 64), torch.randint(0, 10, (100,)), 3]
     fresh = [torch.randn(64, 64), torch.randint(10, 20, (100,)), 4]
     for share, most in ((0.01, 41), (0.0, 1)):
+        before = [x.clone() if isinstance(x, torch.Tensor) else x for x in prev]
         mixed, changed = partial.mix(prev, fresh, share, seed=7)
+        assert mixed[0] is prev[0]  # in place: no third copy of a large input in the judge
+        prev = before
         diff = int((mixed[0] != prev[0]).sum())
         assert 1 <= diff <= most and diff <= changed
         assert bool(((mixed[0] == prev[0]) | (mixed[0] == fresh[0])).all())
@@ -291,6 +349,24 @@ def test_chunked_comparison_matches_whole_tensor_results(monkeypatch):
     assert chunked.max_abs_err == pytest.approx(whole.max_abs_err)
     c[5] = float("inf")
     assert compare_outputs(r, c).reasons == ["nan_or_inf"]
+
+
+def test_all_finite_fast_path_gives_the_general_paths_numbers_and_leaves_outputs_alone(monkeypatch):
+    g = torch.Generator().manual_seed(5)
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        for noise, (a, rt) in ((0.0, (1e-4, 1e-4)), (1e-5, (1e-4, 1e-4)), (1e-3, (1e-4, 1e-4)), (1e-2, (0.0, 1e-3))):
+            r = (torch.randn(5000, generator=g) * 30).to(dt)
+            c = (r.float() * (1 + noise * torch.randn(5000, generator=g))).to(dt)
+            r0, c0 = r.clone(), c.clone()
+            fast = compare._value_stats(r, c, a, rt, 700, torch.device("cpu"))
+            assert torch.equal(r, r0) and torch.equal(c, c0)
+            monkeypatch.setattr(compare, "_NARROW", ())  # the general two-pass path
+            slow = compare._value_stats(r, c, a, rt, 700, torch.device("cpu"))
+            monkeypatch.undo()
+            for k, v in slow.items():
+                assert fast[k] == v or abs(fast[k] - v) <= 1e-12 * max(1.0, abs(v)), (dt, noise, k, fast[k], v)
+    nan = torch.tensor([1.0, float("nan"), 2.0])  # a non-finite value anywhere: the general path
+    assert compare._value_stats(nan, nan.clone(), 1e-4, 1e-4, 2, torch.device("cpu"))["finite"] == 2
 
 
 def test_judge_oom_is_retried_cheaper_never_charged(monkeypatch):

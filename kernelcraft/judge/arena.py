@@ -14,6 +14,8 @@ Design decisions
 """
 from __future__ import annotations
 
+import math
+
 import mmap
 import os
 from dataclasses import dataclass
@@ -36,6 +38,10 @@ class TensorSpec:
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -17,7 +17,9 @@ Design decisions
   copied or cast, an op without a float64 kernel, an out-of-memory): the judge then uses the fixed rule
   and says why. This function never raises: a failure here is never the task's or the candidate's.
 - Outputs are written into the judge's float64 arena (views given by the judge; None where the judge wants
-  no truth: integer, bool, float64 or complex outputs).
+  no truth: integer, bool, float64 or complex outputs). Of an output larger than `precision.TRUTH_SAMPLE`
+  elements only the judge's pick is written: a strided sample from a start the judge draws each trial (`picked`),
+  so the judge's truth is 256 MiB whatever the output's size.
 - The default-precision envelope (`envelope=True`: a GPU whose reference process leaves cuDNN's TF32 on, PyTorch's
   default). An fp32 convolution may run in TF32 without anyone asking: cuDNN picks the algorithm, and a
   memory-format change alone (channels-last) can move an honest candidate onto a TF32 kernel while the reference's
@@ -124,11 +126,24 @@ def _widen(x):
     return x.detach().to(torch.float64) if (x.is_floating_point() and x.dtype != torch.float64) else x.detach().clone()
 
 
-def evaluate(model, args: list, outs: list, device: torch.device, envelope: bool = False) -> dict:
+def picked(t: torch.Tensor, pick) -> torch.Tensor:
+    """The elements of `t` the judge pools (`precision.Rule`): all of them (`pick` None), or `pick`'s `size`
+    elements from `start` every `stride` of the flattened tensor (a large output: module docstring)."""
+    if pick is None:
+        return t
+    start, stride, size = (int(pick[k]) for k in ("start", "stride", "size"))
+    f = t.detach().reshape(-1)
+    return f[start:start + stride * size:stride]
+
+
+def evaluate(model, args: list, outs: list, device: torch.device, envelope: bool = False,
+             picks: list | None = None) -> dict:
     """Run a float64 copy of `model` on `args`; copy its outputs into `outs` (float64 views, None where none is
-    wanted). Returns {"available": [bool per output], "note": str} and, with `envelope` when the call ran
-    convolutions, "envelope": [{sq, max, n} or None per output] (module docstring); never raises."""
+    wanted), each output's `picks` entry only where one is given. Returns {"available": [bool per output], "note":
+    str} and, with `envelope` when the call ran convolutions, "envelope": [{sq, max, n} or None per output] (module
+    docstring); never raises."""
     n = len(outs)
+    picks = list(picks or []) + [None] * (n - len(picks or []))
     none = {"available": [False] * n}
     if not isinstance(model, torch.nn.Module):
         return {**none, "note": "the reference is not an nn.Module (cannot be cast to float64)"}
@@ -144,9 +159,11 @@ def evaluate(model, args: list, outs: list, device: torch.device, envelope: bool
         if items is None or len(items) != n:
             return {**none, "note": "the float64 reference returned another structure"}
         available = []
-        for buf, o in zip(outs, items):
-            ok = (buf is not None and isinstance(o, torch.Tensor) and o.dtype == torch.float64
-                  and tuple(o.shape) == tuple(buf.shape))
+        for buf, o, pick in zip(outs, items, picks):
+            ok = buf is not None and isinstance(o, torch.Tensor) and o.dtype == torch.float64
+            if ok:
+                o = picked(o, pick)
+                ok = tuple(o.shape) == tuple(buf.shape)
             if ok:
                 buf.copy_(o)
             available.append(ok)
@@ -155,7 +172,7 @@ def evaluate(model, args: list, outs: list, device: torch.device, envelope: bool
         got = {"available": available, "note": ""}
         if envelope and watch is not None and watch.convolutions:
             items = None  # the truth is in `outs`: free the first call's outputs before the second call
-            got["envelope"] = _envelope(model, args64, outs, available, device)
+            got["envelope"] = _envelope(model, args64, outs, available, device, picks)
         return got
     except BaseException as e:  # noqa: BLE001 - never the task's failure: the judge falls back to the fixed rule
         return {**none, "note": f"the float64 reference failed: {type(e).__name__}: {str(e)[:300]}"}
@@ -178,7 +195,8 @@ def _call64(model, args64: list, device: torch.device, mode) -> list | None:
     return as_tensor_list(out)
 
 
-def _envelope(model, args64: list, outs: list, available: list, device: torch.device) -> list | None:
+def _envelope(model, args64: list, outs: list, available: list, device: torch.device,
+              picks: list) -> list | None:
     """The float64 call again with TF32 convolutions: per output, its distance from the truth in `outs`."""
     mode = _tf32_convolutions()
     if mode is None:
@@ -187,6 +205,7 @@ def _envelope(model, args64: list, outs: list, available: list, device: torch.de
         items = _call64(model, args64, device, mode)
         if items is None or len(items) != len(outs):
             return None
+        items = [picked(o, pick) if isinstance(o, torch.Tensor) else o for o, pick in zip(items, picks)]
         return [_distance(o, buf) if ok and isinstance(o, torch.Tensor) and o.shape == buf.shape else None
                 for o, buf, ok in zip(items, outs, available)]
     except Exception:  # noqa: BLE001 - no envelope: the reference's own error alone calibrates, as before

@@ -39,10 +39,17 @@ Design decisions
   bound's worst case for |c - r|, never below the fixed one), so the honest output accepted in the trials
   is accepted in timing, and a stale one is still wrong by far more.
 - Memory: every pass is chunked (`compare.chunks`) and retried cheaper on an out-of-memory of the judge's own.
+  An output of more than `TRUTH_SAMPLE` elements is pooled on a strided sample of that many, from a start the
+  judge draws each trial (`pick`): the reference's side writes only those elements of its float64 output, so
+  the truth costs the judge 256 MiB per output instead of twice the output (12 GiB for KernelBench's 6 GiB
+  activations, which with both sides' arenas left an 80 GB H100 without room). 32M elements fix an RMS to
+  well under 1%, and a sample start no side can predict; every element is still held to the fixed tolerance
+  (`compare`), so a few wrong elements outside the sample fail there unless they are within it.
 """
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass, field
 
 import torch
@@ -50,12 +57,14 @@ import torch
 from kernelcraft.judge.arena import Arena, TensorSpec
 from kernelcraft.judge.compare import (Comparison, as_tensor_list, chunks, compare_outputs, default_tolerance,
                                        is_oom, with_retries)
+from kernelcraft.judge.fp64 import picked
 
 FLOOR_ULPS = 256  # 2^-16 of the output scale in fp32: fast-math transcendentals (~2^-18) pass, fp16/TF32 (2^-11) do not
 MAX_FACTOR = 2.0  # the max-error bound is MAX_FACTOR x F
 SMALL_N = 64
 CAP = 1e-2  # the reference's own relative RMS error beyond which it cannot calibrate anything
 TIMED_MARGIN = 4.0
+TRUTH_SAMPLE = 1 << 25  # elements of an output pooled per trial at most: a strided sample beyond (module docstring)
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -137,6 +146,7 @@ class Rule:
     on_host: bool = False  # the float64 arena in host memory first (a large task: `worker.Evaluation._place_copies`)
 
     def __post_init__(self):
+        self.picks: list = []  # this trial's sample of each output (`pick`), set by `truth`
         self.kind = self.protocol.get("precision", "calibrated")
         self.factor = float(self.protocol.get("precision_factor", 6.0))
         for spec in self.out_specs:
@@ -159,6 +169,10 @@ class Rule:
     def calibrating(self) -> bool:
         return any(o.mode == "calibrated" for o in self.outputs)
 
+    def note(self, text: str) -> None:
+        """A remark for the verdict's `rule_note` (the judge's, e.g. a skipped partial trial)."""
+        self._note(text)
+
     def _note(self, text: str) -> None:
         if text and text not in self.notes:
             self.notes.append(text)
@@ -176,10 +190,16 @@ class Rule:
         partial trial's mixed inputs, which the reference may not take)."""
         if not self.calibrating:
             return None
-        msg, fds = {"cmd": "fp64"}, []
+        self.picks = [pick(o.spec.numel) if o.mode == "calibrated" else None for o in self.outputs]
+        msg, fds = {"cmd": "fp64", "picks": self.picks}, []
         if self.arena is None:
-            specs = [TensorSpec(o.spec.shape, _contiguous(o.spec.shape), "float64") if o.mode == "calibrated"
-                     else None for o in self.outputs]
+            specs = [None if o.mode != "calibrated" else
+                     TensorSpec((p["size"],), (1,), "float64") if p is not None else
+                     TensorSpec(o.spec.shape, _contiguous(o.spec.shape), "float64")
+                     for o, p in zip(self.outputs, self.picks)]
+            if any(p is not None for p in self.picks):
+                self._note(f"outputs above {TRUTH_SAMPLE} elements: the float64 truth pools a strided sample of "
+                           f"{TRUTH_SAMPLE} elements per trial, from a secret start")
             places = [self.device, torch.device("cpu")] if self.device.type != "cpu" else [self.device]
             for dev in (places[::-1] if self.on_host else places):
                 try:
@@ -241,7 +261,8 @@ class Rule:
             fixed = cmp if cmp.ok else compare_outputs(r, c, atol, rtol, on=self.device)
             have = truth is not None and truth[i] is not None
             if o.mode == "calibrated" and have:
-                self._pool(o, r, c, truth[i])
+                p = self.picks[i] if i < len(self.picks) else None
+                self._pool(o, picked(r, p), picked(c, p), truth[i])
                 if o.uncalibratable():
                     e = o.errors()
                     self._fallback([o], f"{where}the reference differs from its float64 self by "
@@ -320,6 +341,15 @@ class Rule:
         fixed = [atol] if atol is not None else [default_tolerance(o.spec.torch_dtype) for o in self.outputs
                                                   if o.spec is not None and o.mode != "exact"]
         return max([wide, *fixed]), rtol
+
+
+def pick(numel: int) -> dict | None:
+    """Which elements of an output of `numel` the truth covers this trial: None (all), or `TRUTH_SAMPLE` of them,
+    every `stride`-th from a start drawn by the judge (`fp64.picked`)."""
+    if numel <= TRUTH_SAMPLE:
+        return None
+    stride = numel // TRUTH_SAMPLE
+    return {"start": secrets.randbelow(stride), "stride": stride, "size": TRUTH_SAMPLE}
 
 
 def _contiguous(shape) -> tuple[int, ...]:

@@ -47,12 +47,12 @@ def time_candidate(ev) -> None:
         if order.pick(i) and i >= 0:  # another candidate process takes over: one untimed round first
             warm_up()
         fresh_state()
-        ev._write_inputs(ev._draw())
+        ev.redraw()
         ev._poison()
 
     def warm_up() -> None:
         fresh_state()
-        ev._write_inputs(ev._draw())
+        ev.redraw()
         ev._poison()
         for f in ((time_ref, time_cand) if ev.rng.random() < 0.5 else (time_cand, time_ref)):
             f()

@@ -36,7 +36,7 @@ from kernelcraft.judge.procs import CHANNEL_FD_VAR, WORKER_TAG_VAR, describe_sig
 
 MAX_CHANNEL_BYTES = 16 << 20
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding kernelcraft/
-BUILD_PHASES = ("spawn", "start", "warmup", "reference", "import")  # start-up and build: the build clock
+BUILD_PHASES = ("spawn", "start", "warmup", "reference", "prepare", "import")  # start-up and build: the build clock
 WAIT_PHASES = ("wait_device",)  # waiting for another evaluation to free the device: on neither clock
 WAIT_LIMIT_S = 3600.0  # a holder is bounded by its own clock; this only bounds a wedged lock
 

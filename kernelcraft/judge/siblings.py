@@ -60,7 +60,7 @@ def start(ev, k: int, tol) -> list[SideProc]:
             desc, fds = arenas["candidate"].handle()
             side.request(dict(cmd, arena=desc), fds, phase="time")
         ev.fresh_state((ev.ref, side), "time")  # a stateful task: both from their constructed state
-        ev._write_inputs(ev._draw())
+        ev.redraw()
         ev._poison()
         replies = {"reference": ev.ref.request(dict(cmd="run", check=True), phase="time"),
                    "candidate": side.request(dict(cmd="run", check=True), phase="time")}

@@ -30,11 +30,12 @@ import torch
 from kernelcraft.builder.cache import BuildCache
 from kernelcraft.devices import arch_for
 from kernelcraft.judge import arena, guards, isolation, modelstate, tripwires, weights
-from kernelcraft.judge.compare import has_real_storage, is_plain_tensor
+from kernelcraft.judge.compare import as_tensor_list, has_real_storage, is_plain_tensor
 from kernelcraft.judge.guards import Reject
 from kernelcraft.judge.wire import SideEnd
 
 _MAX_MSG = 4000
+LARGE_OUTPUT_BYTES = 1 << 30  # a last output above this is dropped before a float64 call (`cmd_fp64`)
 
 
 def _trim(text: str) -> str:
@@ -76,6 +77,11 @@ def import_file(path: str, name: str):
     return mod
 
 
+def _nbytes(out) -> int:
+    return sum(t.numel() * t.element_size() for t in as_tensor_list(out) or [] if isinstance(t, torch.Tensor)) \
+        if out is not None else 0
+
+
 def _plain(value):
     """A non-tensor output as JSON carries it: plain scalars as they are, anything else as its repr."""
     return value if isinstance(value, (int, float, bool, str, type(None))) else repr(value)
@@ -97,7 +103,13 @@ class Side:
         self.peers: frozenset[int] = frozenset()  # the judge and the other side: not the candidate's processes
 
     # -- commands ---------------------------------------------------------------------------------------
-    def cmd_import(self, msg: dict, fds) -> dict:
+    def cmd_prepare(self, msg: dict, fds) -> dict:
+        """Everything of `import` but the candidate's own module: the device, strict mode's kernel tracer, the build
+        cache and the trusted libraries it will import (`candidate.preloads`). No candidate code runs, so the judge
+        asks for it before it takes the device lock (issue 20: `torch.compile`'s inductor import took ~2 s of
+        construction under the lock)."""
+        if getattr(self, "_prepared", False):
+            return {"type": "ok"}
         self.phase = "import"
         self.device = torch.device(msg["device"])
         self.path = msg["path"]
@@ -113,13 +125,19 @@ class Side:
         if self.role == "candidate":
             self.build = BuildCache(Path(msg["cache_dir"]) / "ext", msg.get("arch") or arch_for(cap))
             self.build.install(count_calls=bool(msg.get("strict")))
-            for name in msg.get("preload", ()):  # trusted libraries (triton) before the candidate
+            for name in msg.get("preload", ()):  # trusted libraries (triton, inductor) before the candidate
                 try:
                     importlib.import_module(name)
                 except Exception:  # noqa: BLE001 - the candidate's own import will say so
                     pass
             self.state = guards.ProcessState.capture()
             self.state.watch_harness(None)
+        self._prepared = True
+        return {"type": "ok"}
+
+    def cmd_import(self, msg: dict, fds) -> dict:
+        self.cmd_prepare(msg, fds)
+        self.phase = "import"
         mod = import_file(self.path, "kernelcraft_" + self.role)
         cls_name = "ModelNew" if self.role == "candidate" else "Model"
         self.cls = getattr(mod, cls_name, None)
@@ -243,9 +261,14 @@ class Side:
             modelstate.set_plain_state(self.model, plain)
             modelstate.set_rng_state(rng)
         else:
+            if _nbytes(self._last_out) > LARGE_OUTPUT_BYTES:  # a large output: never two at once (the judge's
+                self._last_out = None                          # memory notes); both sides alike, timed or not
             out = self._forward()
         self._last_out = out
-        return self._deliver(out, check=bool(msg.get("check")))
+        reply = self._deliver(out, check=bool(msg.get("check")))
+        if msg.get("check") and self.device.type == "cuda" and _nbytes(out) > LARGE_OUTPUT_BYTES:
+            torch.cuda.empty_cache()  # untimed: the other processes' float64 call and copies need the room
+        return reply
 
     def _deliver(self, out, check: bool) -> dict:
         """Everything a call does after forward: the structure checks, the copy into the judge's arena, the
@@ -342,7 +365,10 @@ class Side:
         from kernelcraft.judge import fp64  # the reference's side only: never loaded with candidate code
 
         envelope = self.device.type == "cuda" and bool(torch.backends.cudnn.allow_tf32)  # PyTorch's default: on
-        return {"type": "ok", **fp64.evaluate(self.model, self._args(), self.truth, self.device, envelope)}
+        if _nbytes(self._last_out) > LARGE_OUTPUT_BYTES:  # the previous trial's output, refreshed by this trial's
+            self._last_out = None                           # run: not kept beside the float64 copy
+        return {"type": "ok", **fp64.evaluate(self.model, self._args(), self.truth, self.device, envelope,
+                                              msg.get("picks"))}
 
     def cmd_null(self, msg: dict, fds) -> dict:
         """The empty round trip the judge subtracts: a call without forward. After a first `run` it delivers the

@@ -254,7 +254,7 @@ def check(ev) -> None:
     new, rec["perturbed"] = perturbed(original, ref)
 
     # the reference's output with its own weights, on a fresh draw the candidate never runs on before the trial
-    ev._write_inputs(ev._draw())
+    ev.redraw()
     ev._poison()
     r0 = ev._output("reference", ev.ref.request(dict(cmd="run", check=True, keep_state=True),  # not a paired call:
                                                 phase="check").get("values", []), copy=True)  # state kept
@@ -272,8 +272,9 @@ def check(ev) -> None:
         replies[s.role] = s.request(dict(cmd="run", check=True), phase="check")
         if ev.device.type == "cuda":
             torch.cuda.synchronize()
-    r1 = ev._output("reference", replies["reference"].get("values", []), copy=True)
-    c1 = ev._output("candidate", list(replies["candidate"].get("values", [])), copy=True)
+    copy = not ev.in_place()  # a large output is read in its arena once the device is idle (judge/worker.py)
+    r1 = ev._output("reference", replies["reference"].get("values", []), copy=copy)
+    c1 = ev._output("candidate", list(replies["candidate"].get("values", [])), copy=copy)
     ev._check_mutation("the weights trial")
     p = ev.p
     if _newly_nonfinite(r0, r1):

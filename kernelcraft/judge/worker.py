@@ -19,7 +19,7 @@ Design decisions
 - While one side runs, the other is frozen (SIGSTOP on its process group, confirmed by waitpid). The
   clock, the L2 flush and the idle probe are the judge's (`timing.RoundTripClock`); a side's reply is
   never a time. What a side reports is trusted only when it is bad news (its own failure, a tripwire).
-- Phases are announced to the runner as before (reference, import, wait_device, init, check, time), so
+- Phases are announced to the runner as before (reference, prepare, import, wait_device, init, check, time), so
   the build clock and the run clock, and the classification of a death, are unchanged. The device lock
   is the judge's (the sides never hold it).
 - The judge's own device memory during the check is what bounds the largest task it can judge (issue 16):
@@ -28,10 +28,17 @@ Design decisions
   memory, and the reference is idle until the next trial poisons it); the candidate's is copied (its process
   could write its arena after replying). A trial's inputs are dropped before the next draw. The previous
   trial's output, kept only to name a repeated answer `stale_output`, is kept up to `STALE_KEEP_BYTES`; a
-  larger repeated answer is still rejected, as a `value_mismatch`. A task whose inputs and outputs exceed
-  `HOST_SHARE` of the GPU keeps the judge's output copies and the float64 truth in host memory from the start
-  and streams them through the GPU to compare (`_place_copies`): on an 80 GB H100, KernelBench's 6 GiB-input
-  level-1 tasks left the sides no room otherwise (the judge held 57.6 GiB). Slower checks, the same verdicts.
+  larger repeated answer is still rejected, as a `value_mismatch`. The float64 truth of a large output is a
+  256 MiB sample (`precision.TRUTH_SAMPLE`); before it is computed the judge returns its cached device blocks
+  and the reference's side drops its last output, so the reference's float64 call has room (on an 80 GB H100,
+  KernelBench's 6 GiB-input level-1 tasks found none: the judge held 57.6 GiB, 12 of them the full truth). A
+  large output (above `side.LARGE_OUTPUT_BYTES`) is not copied either: the judge waits until the device is idle
+  (the timing clock's probe; work still running is `extra_stream`), then reads the frozen candidate's arena in
+  place, as timed rounds always do; the sides return their cached blocks after such a trial. A
+  task whose inputs and outputs exceed `HOST_SHARE` of the GPU keeps the judge's output copies in host memory
+  from the start and streams them through the GPU to compare (`_place_copies`; also the fallback when a copy
+  on the device runs out of memory): slower checks, the same verdicts. Streaming every trial's copies and a
+  full host truth through the GPU took 215 s for one 6 GiB task's checks, so it is the exception.
 - The evaluation's sequence (phases, trials) reads in one place; the timed rounds (`rounds`), the judge's handle on
   a side (`sideproc`), the side itself, the wire, the arenas, the isolation and the clock are their own modules.
 """
@@ -60,7 +67,7 @@ from kernelcraft.judge.procs import CHANNEL_FD_VAR  # noqa: E402
 from kernelcraft.judge.sideproc import SideProc  # noqa: E402
 
 STALE_KEEP_BYTES = 1 << 30  # the previous trial's candidate output is kept up to this size (module docstring)
-HOST_SHARE = 1 / 8  # inputs + outputs above this share of the GPU: the judge's copies in host memory (`_place_copies`)
+HOST_SHARE = 1 / 3  # inputs + outputs above this share of the GPU: the judge's copies in host memory (`_place_copies`)
 HOST_SHARE_VAR = "KERNELCRAFT_JUDGE_HOST_SHARE"  # overrides it (tests force host copies on small tasks with 0)
 
 
@@ -76,6 +83,7 @@ class Evaluation:
         self.phase = "start"
         self.device_lock = None
         self.stateful = False  # the reference's forward changes plain-attribute state (set by `describe`)
+        self.large_outputs = False  # outputs above side.LARGE_OUTPUT_BYTES on a GPU (set by `_place_copies`)
         self.device = torch.device("cuda:0" if job["device"].startswith("cuda") else "cpu")
         self.p = job["protocol"]  # the resolved Protocol (kernelcraft.protocol): every knob set, no defaults here
         self.guarded = self.p["runtime_guards"]
@@ -111,12 +119,14 @@ class Evaluation:
                              + side_mod.describe_exception(e)) from None
             self.ref.request(dict(cmd="import", path=job["task_path"], **common), phase="reference")
         device_scope = job.get("lock_scope") == "device"
-        if device_scope and not job.get("needs_build", True):
-            self._take_device()
-        self.enter("import")  # strict mode on a GPU: the candidate's side starts its kernel tracer first
+        self.enter("prepare")  # the candidate's side: CUDA, strict mode's kernel tracer, trusted imports; off the lock
         strict = p["mode"] == "strict"
         self.cand_import = dict(cmd="import", path=job["candidate_path"], strict=strict, guarded=self.guarded,
                                 preload=job.get("preload", ()), **common)
+        self.cand.request(dict(self.cand_import, cmd="prepare"), phase="prepare")
+        if device_scope and not job.get("needs_build", True):
+            self._take_device()  # a quick import's module-level code runs on the lock; nvcc's, off it
+        self.enter("import")
         got = self.cand.request(self.cand_import, phase="import")
         self.build_s = float(got.get("build_s", 0.0))
         self.result["build_cache"] = got.get("build_cache", {"builds": 0, "hits": 0})
@@ -215,8 +225,9 @@ class Evaluation:
     def _place_copies(self) -> None:
         """A task whose inputs and outputs take more than `HOST_SHARE` of the GPU: the judge's own copies of
         outputs (each trial's, the weights trial's) and the float64 truth go to host memory from the start, and
-        comparisons stream them through the GPU in chunks. On device they cost ~4x the output beside the four
-        arenas, and on an 80 GB H100 they left a 6 GiB-input task's sides without room to run (issue 16)."""
+        comparisons stream them through the GPU in chunks (module docstring)."""
+        self.large_outputs = self.device.type == "cuda" and sum(
+            s.nbytes for s in self.out_specs if s is not None) > side_mod.LARGE_OUTPUT_BYTES
         if self.device.type != "cuda" or getattr(self, "copy_device", None) is not None:
             return
         share = float(os.environ.get(HOST_SHARE_VAR) or HOST_SHARE)  # 0 forces it (the GPU tests do)
@@ -230,6 +241,9 @@ class Evaluation:
             with torch.device(self.device):
                 inputs = self.task.get_inputs()
         except Exception as e:
+            if is_oom(e):  # the judge's own memory (it holds both sides' arenas): never the task's or the candidate's
+                raise Reject("runtime_error", ["harness_error"], "the judge ran out of device memory drawing the "
+                             "task's inputs: " + side_mod.describe_exception(e)) from None
             raise Reject("runtime_error", ["task_error"], "the task's get_inputs() failed: "
                          + side_mod.describe_exception(e)) from None
         if not isinstance(inputs, (list, tuple)):
@@ -240,6 +254,12 @@ class Evaluation:
             raise Reject("runtime_error", ["task_error"], "the task's get_inputs() returned different shapes, "
                          "strides or dtypes on another call")
         return out
+
+    def redraw(self) -> None:
+        """Fresh inputs into both arenas; the last draw is dropped first (module docstring: a 16 GiB input does
+        not fit twice beside four arenas on an 80 GB H100)."""
+        self.current = None
+        self._write_inputs(self._draw())
 
     def _write_inputs(self, inputs: list) -> None:
         self.current = inputs
@@ -272,6 +292,21 @@ class Evaluation:
                  else v for t, v in zip(self.out_arenas[role].tensors, values + [None] * len(self.out_specs))]
         return items[0] if self.out_kind == "tensor" else tuple(items)
 
+    def in_place(self) -> bool:
+        """A large output on the GPU is read in the candidate's arena, not copied (module docstring): once the
+        device is idle (no work the candidate left running can write it), the frozen candidate cannot change it
+        before the judge has compared. True when so (the device is then idle)."""
+        if not self.large_outputs or getattr(self, "copy_device", None) is not None:
+            return False
+        if getattr(self, "idle_clock", None) is None:
+            self.idle_clock = timing.RoundTripClock(self.device)
+        try:
+            self.idle_clock.settle()
+        except timing.DeviceBusy as e:
+            raise Reject("rejected", ["extra_stream"], f"correctness trial: {e} (work left running after a reply)") \
+                from None
+        return True
+
     def _trial_outputs(self, replies: dict) -> tuple:
         """Both sides' outputs: the candidate's as a private copy, the reference's in its arena (module docstring);
         an out-of-memory of the judge's own copies moves them, the reference's included (and every later one), to
@@ -279,7 +314,8 @@ class Evaluation:
         def both():  # the reference's output in its arena unless copies go to the host (module docstring)
             moved = getattr(self, "copy_device", None) is not None
             return (self._output("reference", replies["reference"].get("values", []), copy=moved),
-                    self._output("candidate", list(replies["candidate"].get("values", [])), copy=True))
+                    self._output("candidate", list(replies["candidate"].get("values", [])),
+                                 copy=moved or not self.in_place()))
 
         try:
             return (*both(), False)
@@ -302,14 +338,24 @@ class Evaluation:
         partials = {"partial_trials": 0, "partial_skipped": 0}
         for t, share in enumerate(shares):
             if share is None:
-                self.current = None  # the last trial's inputs go before the next draw (module docstring)
-                self._write_inputs(self._draw())
+                self.redraw()
                 when = f"trial {t + 1} of {trials}"
             else:  # the previous inputs, a few elements changed, at the same addresses: partial-key caches
-                mixed, changed = partial.mix(self.current, self._draw(), share, self.rng.getrandbits(63))
+                try:
+                    fresh = self._draw()
+                except Reject as e:  # no room for a second draw beside the judge's first (a large task's inputs)
+                    if "harness_error" not in e.reasons:
+                        raise
+                    partials["partial_skipped"] += 1
+                    rule.note("a partial trial was skipped: no device memory for a second draw of the inputs")
+                    continue
+                mixed, changed = partial.mix(self.current, fresh, share, self.rng.getrandbits(63))
+                fresh = None
                 self._write_inputs(mixed)
                 when = f"partial trial {t + 1 - trials} (inputs equal to trial {t}'s but {changed} elements)"
             self._poison()
+            if self.large_outputs:  # the reference's float64 call needs room more than the judge's cache does
+                torch.cuda.empty_cache()
             truth = rule.truth(sticky=share is None)
             first, second = (self.ref, self.cand) if t % 2 == 0 or share is not None else (self.cand, self.ref)
             replies, stage = {}, ""
@@ -361,7 +407,7 @@ class Evaluation:
             self.result["guards"] += ["process_state", "threads", "output_snapshot"]
         if p["mode"] == "strict":
             self.result["guards"].append("own_kernel")
-            self._write_inputs(self._draw())
+            self.redraw()
             self.cand.request(dict(cmd="own_kernel", kernel_names=self.job.get("kernel_names") or []),
                               phase="check")
 
