@@ -42,13 +42,13 @@ except ImportError:
     pass
 
 from kernelcraft.judge import isolation, partial, precision, rounds, timing, tripwires, weights  # noqa: E402
-from kernelcraft.judge import side as side_mod, sideproc, worker as W  # noqa: E402
+from kernelcraft.judge import side as side_mod, sideproc, trials, worker as W  # noqa: E402
 from kernelcraft.candidate import preloads  # noqa: E402
 from kernelcraft.judge.screen import screen  # noqa: E402
 from kernelcraft.protocol import Protocol  # noqa: E402
 from kernelcraft.task import load_task  # noqa: E402
 
-STEPS = [(W, "compare_outputs"), (tripwires.SpotChecker, "agrees"), (isolation, "freeze"), (isolation, "thaw"),
+STEPS = [(trials, "compare_outputs"), (tripwires.SpotChecker, "agrees"), (isolation, "freeze"), (isolation, "thaw"),
          (isolation.Audit, "problems"), (timing.RoundTripClock, "settle"), (timing.RoundTripClock, "flush"),
          (sideproc.SideProc, "request"), (sideproc.SideProc, "timed"), (precision.Rule, "truth"),
          (precision.Rule, "trial"), (precision.Rule, "_pool"), (partial, "mix"), (weights, "check"),

@@ -180,6 +180,27 @@ def test_idle_judges_hold_at_most_a_share_of_their_gpu():
     warm.discard_all()
 
 
+def test_a_judge_of_a_task_that_takes_a_large_share_of_its_gpu_is_not_kept():
+    """KernelBench's 8-16 GiB tasks ran out of memory on an 80 GB H100 beside a 16.6 GiB judge of the same task
+    kept (or taken and waiting for the lock) with its reference's arenas: such judges are not kept warm."""
+    from types import SimpleNamespace
+
+    from kernelcraft.judge.arena import TensorSpec
+    from kernelcraft.judge.jobs import WARM_MAX_SHARE, worth_keeping
+
+    gib = 1 << 30
+    total = 80 * gib
+
+    def ev(device, in_gib, out_gib):
+        spec = lambda g: TensorSpec((g * gib // 4,), (1,), "float32")  # noqa: E731
+        return SimpleNamespace(device=torch.device(device), in_specs=[spec(in_gib), None], out_specs=[spec(out_gib)])
+
+    assert worth_keeping(ev("cuda", 1, 1), total)  # 2 of 80 GiB: kept
+    assert not worth_keeping(ev("cuda", 8, 5), total)  # 13 of 80: a cold start next time
+    assert worth_keeping(ev("cpu", 8, 5), total)  # a CPU judge holds no device memory
+    assert worth_keeping(ev("cuda", 2, 2), total) == (4 <= WARM_MAX_SHARE * 80)
+
+
 def test_a_job_crowded_out_of_device_memory_by_idle_judges_runs_again(monkeypatch, tmp_path):
     """A job that ran out of device memory while idle judges held part of its GPU is run once more, cold, after
     they are killed; without idle judges on that GPU the out-of-memory verdict stands."""

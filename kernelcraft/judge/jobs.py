@@ -12,7 +12,9 @@ Design decisions
   out.
 - A job is not kept when its verdict puts the reference or the judge in doubt (`NOT_REUSABLE`: task or
   harness errors, tampering with a peer), on a timeout, or when the reference or the forker died: the judge
-  then kills both and exits after sending the result, as a one-shot worker does.
+  then kills both and exits after sending the result, as a one-shot worker does. Nor when its task's inputs
+  and outputs take more than `WARM_MAX_SHARE` of the GPU (`worth_keeping`): its arenas would crowd the jobs
+  that share the GPU.
 - The device lock is released at the end of every job (`Evaluation.hand_over_lock`), not at process exit, and only
   after the job's device memory went back (the candidate's side reaped, the judge's and a kept reference's cached
   blocks freed): on KernelBench's 6 GiB-input tasks the next job otherwise met the last one's memory.
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelcraft.judge import isolation, side as side_mod
+from kernelcraft.judge import failures, isolation
 from kernelcraft.judge.arena import Arena
 from kernelcraft.judge.forker import Forker
 from kernelcraft.judge.guards import Reject
@@ -145,7 +147,7 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
         out = {"status": "correct", "reasons": [], "message": "", **result}
     except BaseException as e:  # noqa: BLE001 - every failure becomes a verdict
         rej = e if isinstance(e, Reject) else Reject(
-            "runtime_error", ["harness_error"], f"kernelcraft failed: {side_mod.describe_exception(e)}")
+            "runtime_error", ["harness_error"], f"kernelcraft failed: {failures.describe_exception(e)}")
         out = {"status": rej.status, "reasons": rej.reasons, "message": rej.message,
                **(ev.result if ev is not None else {})}
     lock = ev.hand_over_lock() if isinstance(ev, evaluation_cls) else None
@@ -158,7 +160,8 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
     out.setdefault("build_cache", {"builds": 0, "hits": 0})
     keep = None
     if (job.get("warm") and isinstance(ev, evaluation_cls) and ev.ready is not None and out["status"] != "timeout"
-            and not NOT_REUSABLE & set(out["reasons"]) and _alive(ref.pid) and _alive(forker.pid)):
+            and not NOT_REUSABLE & set(out["reasons"]) and _alive(ref.pid) and _alive(forker.pid)
+            and worth_keeping(ev)):
         keep = ev.ready
     out["warm"] = {"kept": keep is not None, "pids": [os.getpid(), ref.pid, forker.pid] if keep else []}
     if keep is None:
@@ -169,6 +172,19 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
 
 
 CONTEXT_BYTES = 512 << 20  # a CUDA context's own device memory (not in the allocator's count), per process
+WARM_MAX_SHARE = 1 / 16  # a task whose inputs and outputs take more of the GPU is not kept warm (`worth_keeping`)
+
+
+def worth_keeping(ev, total: int | None = None) -> bool:
+    """Is this judge worth keeping warm? Not when its task's inputs and outputs take more than `WARM_MAX_SHARE` of
+    its GPU (`total` bytes; the device's own by default): kept, or taken by the next job and waiting for the device
+    lock, it holds the reference's arenas, and on a shared 80 GB H100 KernelBench's 8-16 GiB tasks ran out of
+    memory beside such judges (a 16.6 GiB one). Such a task's evaluations are long; a cold start costs seconds."""
+    if ev.device.type != "cuda":
+        return True
+    io = sum(s.nbytes for s in list(ev.in_specs) + list(ev.out_specs) if s is not None)
+    total = total if total is not None else torch.cuda.get_device_properties(ev.device).total_memory
+    return io <= WARM_MAX_SHARE * total
 
 
 def _free_device_memory(job: dict) -> bool:

@@ -22,7 +22,6 @@ import importlib.util
 import inspect
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -31,41 +30,11 @@ from kernelcraft.builder.cache import BuildCache
 from kernelcraft.devices import arch_for
 from kernelcraft.judge import arena, guards, isolation, modelstate, tripwires, weights
 from kernelcraft.judge.compare import as_tensor_list, has_real_storage, is_plain_tensor
+from kernelcraft.judge.failures import classify
 from kernelcraft.judge.guards import Reject
 from kernelcraft.judge.wire import SideEnd
 
-_MAX_MSG = 4000
 LARGE_OUTPUT_BYTES = 1 << 30  # a last output above this is dropped before a float64 call (`cmd_fp64`)
-
-
-def _trim(text: str) -> str:
-    return text if len(text) <= _MAX_MSG else text[: _MAX_MSG // 2] + "\n...\n" + text[-_MAX_MSG // 2:]
-
-
-def describe_exception(exc: BaseException, path: str | None = None) -> str:
-    """The exception and the frames in the module's own file (where the author can act)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    own = [f for f in frames if path and f.filename == path]
-    lines = [f"{type(exc).__name__}: {exc}"]
-    for f in own[-4:]:
-        lines.append(f"  candidate line {f.lineno}, in {f.name}: {(f.line or '').strip()}")
-    return _trim("\n".join(lines))
-
-
-def classify(exc: BaseException, phase: str, path: str, build: BuildCache | None) -> Reject:
-    if isinstance(exc, Reject):
-        return exc
-    if build is not None and build.failure is not None and phase == "import":
-        return Reject("compile_error", ["build_failed"], _trim(build.failure.log))
-    if isinstance(exc, SyntaxError) and phase == "import":
-        return Reject("compile_error", ["parse_error"], f"SyntaxError: {exc.msg} (line {exc.lineno})")
-    text = f"{type(exc).__name__}: {exc}"
-    msg = describe_exception(exc, path)
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text:
-        return Reject("runtime_error", ["out_of_memory"], f"out of memory during {phase}: {msg}")
-    if "CUDA error" in text or "cudaError" in text or type(exc).__name__ == "AcceleratorError":
-        return Reject("runtime_error", ["cuda_error"], f"CUDA error during {phase}: {msg}")
-    return Reject("runtime_error", ["exception"], f"exception during {phase}: {msg}")
 
 
 def import_file(path: str, name: str):

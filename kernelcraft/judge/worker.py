@@ -27,7 +27,7 @@ Design decisions
   reference's output is read in its arena, not copied (only the judge and the reference's process hold that
   memory, and the reference is idle until the next trial poisons it); the candidate's is copied (its process
   could write its arena after replying). A trial's inputs are dropped before the next draw. The previous
-  trial's output, kept only to name a repeated answer `stale_output`, is kept up to `STALE_KEEP_BYTES`; a
+  trial's output, kept only to name a repeated answer `stale_output`, is kept up to `trials.STALE_KEEP_BYTES`; a
   larger repeated answer is still rejected, as a `value_mismatch`. The float64 truth of a large output is a
   256 MiB sample (`precision.TRUTH_SAMPLE`); before it is computed the judge returns its cached device blocks
   and the reference's side drops its last output, so the reference's float64 call has room (on an 80 GB H100,
@@ -57,16 +57,15 @@ import secrets  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernelcraft.judge import isolation, partial, precision, rounds, side as side_mod, tripwires, weights  # noqa: E402,E501
+from kernelcraft.judge import failures, isolation, rounds, side as side_mod, trials, tripwires, weights  # noqa: E402,E501
 from kernelcraft.judge.arena import Arena, TensorSpec  # noqa: E402
-from kernelcraft.judge.compare import any_finite, as_tensor_list, compare_outputs, is_oom  # noqa: E402
+from kernelcraft.judge.compare import is_oom  # noqa: E402
 from kernelcraft.judge.guards import Reject  # noqa: E402
 from kernelcraft.judge import jobs  # noqa: E402
 from kernelcraft.judge.jobs import Channel, Warm  # noqa: E402,F401  (Channel: the result channel's class)
 from kernelcraft.judge.procs import CHANNEL_FD_VAR  # noqa: E402
 from kernelcraft.judge.sideproc import SideProc  # noqa: E402
 
-STALE_KEEP_BYTES = 1 << 30  # the previous trial's candidate output is kept up to this size (module docstring)
 HOST_SHARE = 1 / 3  # inputs + outputs above this share of the GPU: the judge's copies in host memory (`_place_copies`)
 HOST_SHARE_VAR = "KERNELCRAFT_JUDGE_HOST_SHARE"  # overrides it (tests force host copies on small tasks with 0)
 
@@ -116,7 +115,7 @@ class Evaluation:
                 self.task = side_mod.import_file(job["task_path"], "kernelcraft_task")
             except Exception as e:
                 raise Reject("runtime_error", ["task_error"], "the reference task failed to import: "
-                             + side_mod.describe_exception(e)) from None
+                             + failures.describe_exception(e)) from None
             self.ref.request(dict(cmd="import", path=job["task_path"], **common), phase="reference")
         device_scope = job.get("lock_scope") == "device"
         self.enter("prepare")  # the candidate's side: CUDA, strict mode's kernel tracer, trusted imports; off the lock
@@ -177,7 +176,7 @@ class Evaluation:
             init = list(self.task.get_init_inputs())
         except Exception as e:
             raise Reject("runtime_error", ["task_error"], "the task's get_init_inputs() failed: "
-                         + side_mod.describe_exception(e)) from None
+                         + failures.describe_exception(e)) from None
         self.construct_msg = msg = dict(cmd="construct", init=init, seed=self.p["seed"],
                                         module_mode=self.p["module_mode"])
         warm = self.warm
@@ -243,9 +242,9 @@ class Evaluation:
         except Exception as e:
             if is_oom(e):  # the judge's own memory (it holds both sides' arenas): never the task's or the candidate's
                 raise Reject("runtime_error", ["harness_error"], "the judge ran out of device memory drawing the "
-                             "task's inputs: " + side_mod.describe_exception(e)) from None
+                             "task's inputs: " + failures.describe_exception(e)) from None
             raise Reject("runtime_error", ["task_error"], "the task's get_inputs() failed: "
-                         + side_mod.describe_exception(e)) from None
+                         + failures.describe_exception(e)) from None
         if not isinstance(inputs, (list, tuple)):
             raise Reject("runtime_error", ["task_error"], "the task's get_inputs() must return a list")
         out = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
@@ -328,88 +327,7 @@ class Evaluation:
 
     # -- correctness -------------------------------------------------------------------------------------
     def _check(self) -> None:
-        p = self.p
-        trials = p["trials"]
-        passed, max_abs, max_rel, atol, rtol = 0, 0.0, 0.0, None, None
-        prev = None
-        rule = precision.Rule(p, self.out_specs, self.device, self.ref,  # calibrated or fixed (issue 16)
-                              on_host=getattr(self, "copy_device", None) is not None)
-        shares = [None] * trials + partial.shares(p.get("partial_trials", 0))  # None: a fresh draw
-        partials = {"partial_trials": 0, "partial_skipped": 0}
-        for t, share in enumerate(shares):
-            if share is None:
-                self.redraw()
-                when = f"trial {t + 1} of {trials}"
-            else:  # the previous inputs, a few elements changed, at the same addresses: partial-key caches
-                try:
-                    fresh = self._draw()
-                except Reject as e:  # no room for a second draw beside the judge's first (a large task's inputs)
-                    if "harness_error" not in e.reasons:
-                        raise
-                    partials["partial_skipped"] += 1
-                    rule.note("a partial trial was skipped: no device memory for a second draw of the inputs")
-                    continue
-                mixed, changed = partial.mix(self.current, fresh, share, self.rng.getrandbits(63))
-                fresh = None
-                self._write_inputs(mixed)
-                when = f"partial trial {t + 1 - trials} (inputs equal to trial {t}'s but {changed} elements)"
-            self._poison()
-            if self.large_outputs:  # the reference's float64 call needs room more than the judge's cache does
-                torch.cuda.empty_cache()
-            truth = rule.truth(sticky=share is None)
-            first, second = (self.ref, self.cand) if t % 2 == 0 or share is not None else (self.cand, self.ref)
-            replies, stage = {}, ""
-            try:
-                for s in (first, second):
-                    stage = s.role
-                    replies[s.role] = s.request(dict(cmd="run", check=True), phase="check")
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize()
-                stage = "outputs"
-                ref_out, cand_out, moved = self._trial_outputs(replies)
-                self._check_mutation(when)
-                stage = "sane"
-                _reference_sane(ref_out)
-            except Reject:  # a mixed input the reference itself cannot take is skipped, never charged
-                if share is None or stage not in ("reference", "sane"):
-                    raise
-                partials["partial_skipped"] += 1
-                continue
-            if moved and prev is not None:
-                prev = tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in prev) \
-                    if isinstance(prev, tuple) else prev.cpu()
-            cmp = compare_outputs(ref_out, cand_out, p["atol"], p["rtol"], on=self.device)
-            cmp = rule.trial(ref_out, cand_out, truth, cmp, p["atol"], p["rtol"])
-            max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
-            atol, rtol = cmp.atol if cmp.atol is not None else atol, cmp.rtol if cmp.rtol is not None else rtol
-            self.result["correctness"] = dict(trials=trials, passed=passed, max_abs_err=max_abs,
-                                              max_rel_err=max_rel, atol=atol, rtol=rtol, **rule.record(), **partials)
-            if not cmp.ok:
-                if prev is not None and "value_mismatch" in cmp.reasons and tripwires.same_values(prev, cand_out):
-                    raise Reject("incorrect", ["stale_output"], f"{when}: the candidate returned the "
-                                 "previous trial's output for new inputs (a cached answer)")
-                raise Reject("incorrect", cmp.reasons, f"{when}: {cmp.message}")
-            if share is None:
-                passed += 1
-            else:
-                partials["partial_trials"] += 1
-            self.result["correctness"].update(passed=passed, **partials)
-            prev = cand_out if _nbytes(cand_out) <= STALE_KEEP_BYTES else None
-            ref_out = cand_out = None
-        final = rule.final()
-        self.result["correctness"].update(rule.record())
-        if not final.ok:
-            raise Reject("incorrect", final.reasons, f"over {trials + partials['partial_trials']} trials: "
-                         + final.message)
-        rule.release()
-        self.timed_tol = rule.timed_tolerance(p["atol"], p["rtol"])
-        if self.guarded:
-            self.result["guards"] += ["process_state", "threads", "output_snapshot"]
-        if p["mode"] == "strict":
-            self.result["guards"].append("own_kernel")
-            self.redraw()
-            self.cand.request(dict(cmd="own_kernel", kernel_names=self.job.get("kernel_names") or []),
-                              phase="check")
+        trials.run_trials(self)  # the correctness trials (judge/trials.py)
 
     # -- timing ------------------------------------------------------------------------------------------
     def _time(self) -> None:
@@ -423,24 +341,12 @@ class Evaluation:
             raise Reject("rejected", [code], "; ".join(found[:3]))
 
 
-def _nbytes(out) -> int:
-    return sum(t.numel() * t.element_size() for t in as_tensor_list(out) or [] if isinstance(t, torch.Tensor))
-
-
 def _contiguous(shape) -> tuple[int, ...]:
     stride, acc = [], 1
     for s in reversed(list(shape)):
         stride.append(acc)
         acc *= max(int(s), 1)
     return tuple(reversed(stride))
-
-
-def _reference_sane(ref_out) -> None:
-    """An all-NaN/Inf reference output leaves nothing to compare: the task (or its inputs) is broken."""
-    for r in ([ref_out] if isinstance(ref_out, torch.Tensor) else ref_out):
-        if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel() and not any_finite(r):
-            raise Reject("runtime_error", ["task_error"], "the reference's output is NaN/Inf everywhere: "
-                         "there is nothing to compare a candidate against")
 
 
 def main(chan_fd: int | None = None) -> None:

@@ -1,0 +1,118 @@
+"""The correctness trials of one evaluation (`worker.Evaluation`): fresh draws, partial-change trials, the rule.
+
+Design decisions
+- A function of the evaluation, as the timed rounds are (`rounds.time_candidate`): the sequence reads in one place,
+  the evaluation owns the state (arenas, sides, the draw). Each trial draws fresh inputs (`Evaluation.redraw`),
+  poisons the output arenas, asks the reference's side for the float64 truth (`precision.Rule`), runs both sides
+  in alternating order, reads their outputs (`Evaluation._trial_outputs`) and judges them: the fixed comparison,
+  then the calibrated rule. Partial trials follow (`partial`); strict mode's own-kernel evidence last.
+- A large output's trials return the judge's cached device blocks before the float64 call (module docstring of
+  `worker`): the reference's side needs the room more than the judge's cache does.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernelcraft.judge import partial, precision, tripwires
+from kernelcraft.judge.compare import any_finite, as_tensor_list, compare_outputs
+from kernelcraft.judge.guards import Reject
+
+STALE_KEEP_BYTES = 1 << 30  # the previous trial's candidate output is kept up to this size (worker's docstring)
+
+
+def run_trials(ev) -> None:
+    """The trials of `ev` (a `worker.Evaluation`); raises `Reject` with the first failure."""
+    p = ev.p
+    trials = p["trials"]
+    passed, max_abs, max_rel, atol, rtol = 0, 0.0, 0.0, None, None
+    prev = None
+    rule = precision.Rule(p, ev.out_specs, ev.device, ev.ref,  # calibrated or fixed (issue 16)
+                          on_host=getattr(ev, "copy_device", None) is not None)
+    shares = [None] * trials + partial.shares(p.get("partial_trials", 0))  # None: a fresh draw
+    partials = {"partial_trials": 0, "partial_skipped": 0}
+    for t, share in enumerate(shares):
+        if share is None:
+            ev.redraw()
+            when = f"trial {t + 1} of {trials}"
+        else:  # the previous inputs, a few elements changed, at the same addresses: partial-key caches
+            try:
+                fresh = ev._draw()
+            except Reject as e:  # no room for a second draw beside the judge's first (a large task's inputs)
+                if "harness_error" not in e.reasons:
+                    raise
+                partials["partial_skipped"] += 1
+                rule.note("a partial trial was skipped: no device memory for a second draw of the inputs")
+                continue
+            mixed, changed = partial.mix(ev.current, fresh, share, ev.rng.getrandbits(63))
+            fresh = None
+            ev._write_inputs(mixed)
+            when = f"partial trial {t + 1 - trials} (inputs equal to trial {t}'s but {changed} elements)"
+        ev._poison()
+        if ev.large_outputs:  # the reference's float64 call needs room more than the judge's cache does
+            torch.cuda.empty_cache()
+        truth = rule.truth(sticky=share is None)
+        first, second = (ev.ref, ev.cand) if t % 2 == 0 or share is not None else (ev.cand, ev.ref)
+        replies, stage = {}, ""
+        try:
+            for s in (first, second):
+                stage = s.role
+                replies[s.role] = s.request(dict(cmd="run", check=True), phase="check")
+                if ev.device.type == "cuda":
+                    torch.cuda.synchronize()
+            stage = "outputs"
+            ref_out, cand_out, moved = ev._trial_outputs(replies)
+            ev._check_mutation(when)
+            stage = "sane"
+            _reference_sane(ref_out)
+        except Reject:  # a mixed input the reference itself cannot take is skipped, never charged
+            if share is None or stage not in ("reference", "sane"):
+                raise
+            partials["partial_skipped"] += 1
+            continue
+        if moved and prev is not None:
+            prev = tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in prev) \
+                if isinstance(prev, tuple) else prev.cpu()
+        cmp = compare_outputs(ref_out, cand_out, p["atol"], p["rtol"], on=ev.device)
+        cmp = rule.trial(ref_out, cand_out, truth, cmp, p["atol"], p["rtol"])
+        max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
+        atol, rtol = cmp.atol if cmp.atol is not None else atol, cmp.rtol if cmp.rtol is not None else rtol
+        ev.result["correctness"] = dict(trials=trials, passed=passed, max_abs_err=max_abs,
+                                          max_rel_err=max_rel, atol=atol, rtol=rtol, **rule.record(), **partials)
+        if not cmp.ok:
+            if prev is not None and "value_mismatch" in cmp.reasons and tripwires.same_values(prev, cand_out):
+                raise Reject("incorrect", ["stale_output"], f"{when}: the candidate returned the "
+                             "previous trial's output for new inputs (a cached answer)")
+            raise Reject("incorrect", cmp.reasons, f"{when}: {cmp.message}")
+        if share is None:
+            passed += 1
+        else:
+            partials["partial_trials"] += 1
+        ev.result["correctness"].update(passed=passed, **partials)
+        prev = cand_out if _nbytes(cand_out) <= STALE_KEEP_BYTES else None
+        ref_out = cand_out = None
+    final = rule.final()
+    ev.result["correctness"].update(rule.record())
+    if not final.ok:
+        raise Reject("incorrect", final.reasons, f"over {trials + partials['partial_trials']} trials: "
+                     + final.message)
+    rule.release()
+    ev.timed_tol = rule.timed_tolerance(p["atol"], p["rtol"])
+    if ev.guarded:
+        ev.result["guards"] += ["process_state", "threads", "output_snapshot"]
+    if p["mode"] == "strict":
+        ev.result["guards"].append("own_kernel")
+        ev.redraw()
+        ev.cand.request(dict(cmd="own_kernel", kernel_names=ev.job.get("kernel_names") or []),
+                          phase="check")
+
+
+def _nbytes(out) -> int:
+    return sum(t.numel() * t.element_size() for t in as_tensor_list(out) or [] if isinstance(t, torch.Tensor))
+
+
+def _reference_sane(ref_out) -> None:
+    """An all-NaN/Inf reference output leaves nothing to compare: the task (or its inputs) is broken."""
+    for r in ([ref_out] if isinstance(ref_out, torch.Tensor) else ref_out):
+        if isinstance(r, torch.Tensor) and r.is_floating_point() and r.numel() and not any_finite(r):
+            raise Reject("runtime_error", ["task_error"], "the reference's output is NaN/Inf everywhere: "
+                         "there is nothing to compare a candidate against")
