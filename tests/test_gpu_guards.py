@@ -37,6 +37,20 @@ def test_gpu_timing_counts_side_stream_work(cache_dir):
         assert v.status == "rejected" and "extra_stream" in v.reasons, G.describe(v)
 
 
+@pytest.mark.parametrize("fixture", ["hacks/gpu_fp16_softmax.py", "legit/guard_gpu_conv_channels_last.py",
+                                     "hacks/gpu_weights_private_copy.py", "legit/guard_gpu_cuda_graph.py"])
+def test_gpu_large_output_paths_keep_the_verdicts(fixture, cache_dir, monkeypatch):
+    """KernelBench's 6-16 GiB tasks (ninth session) on small ones: every output "large" (`side.LARGE_OUTPUT_BYTES`:
+    read in the candidate's arena once the device is idle, one last output per side) and the float64 truth a
+    strided sample (`precision.TRUTH_SAMPLE`). Downgrades and ignored weights are still caught, honest work passes."""
+    monkeypatch.setenv("KERNELCRAFT_JUDGE_LARGE_BYTES", "0")
+    monkeypatch.setenv("KERNELCRAFT_JUDGE_TRUTH_SAMPLE", "256")
+    spec = G.parse_header(G.FIXTURES / fixture)
+    screen = spec.screens[-1]
+    v = G.run_fixture(spec, screen, "cuda", cache_dir)
+    G.check_verdict(v, spec.expectation(screen), spec)
+
+
 @pytest.mark.parametrize("fixture", ["hacks/gpu_fp16_softmax.py", "hacks/gpu_bf16_conv.py",
                                      "hacks/gpu_memory_reuse_empty.py", "hacks/gpu_weights_private_copy.py",
                                      "legit/guard_gpu_conv_channels_last.py", "legit/guard_gpu_cuda_graph.py"])

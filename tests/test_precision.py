@@ -307,6 +307,20 @@ def test_large_outputs_pool_a_secret_strided_sample_of_the_truth(monkeypatch):
     assert all(0 <= s < 16 for s in starts)
 
 
+@pytest.mark.parametrize("fixture", ["hacks/precision_fp16_softmax.py", "legit/guard_softmax_manual.py",
+                                     "legit/guard_center_rows_split_mean.py"])
+def test_sampled_truth_keeps_the_verdicts_end_to_end(fixture, cache_dir, monkeypatch):
+    """The strided truth sample of large outputs, forced on small ones (`KERNELCRAFT_JUDGE_TRUTH_SAMPLE`): an fp16
+    downgrade behind a softmax is still caught, honest fp32 beyond the fixed tolerance still passes."""
+    import test_guards as G
+
+    monkeypatch.setenv(precision.TRUTH_SAMPLE_VAR, "64")
+    spec = G.parse_header(FIXTURES / fixture)
+    v = G.run_fixture(spec, spec.screens[-1], "cpu", cache_dir)
+    G.check_verdict(v, spec.expectation(spec.screens[-1]), spec)
+    assert "strided sample of 64 elements" in (v.correctness.rule_note or ""), v.correctness
+
+
 def test_fp64_picked_and_no_pick_for_small_outputs():
     t = torch.arange(100.0).reshape(10, 10)
     assert torch.equal(fp64.picked(t, {"start": 3, "stride": 7, "size": 5}), torch.tensor([3.0, 10, 17, 24, 31]))

@@ -49,6 +49,7 @@ Design decisions
 from __future__ import annotations
 
 import math
+import os
 import secrets
 from dataclasses import dataclass, field
 
@@ -65,6 +66,11 @@ SMALL_N = 64
 CAP = 1e-2  # the reference's own relative RMS error beyond which it cannot calibrate anything
 TIMED_MARGIN = 4.0
 TRUTH_SAMPLE = 1 << 25  # elements of an output pooled per trial at most: a strided sample beyond (module docstring)
+TRUTH_SAMPLE_VAR = "KERNELCRAFT_JUDGE_TRUTH_SAMPLE"  # overrides it (tests sample small outputs)
+
+
+def truth_sample() -> int:
+    return max(1, int(os.environ.get(TRUTH_SAMPLE_VAR) or TRUTH_SAMPLE))
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -198,8 +204,9 @@ class Rule:
                      TensorSpec(o.spec.shape, _contiguous(o.spec.shape), "float64")
                      for o, p in zip(self.outputs, self.picks)]
             if any(p is not None for p in self.picks):
-                self._note(f"outputs above {TRUTH_SAMPLE} elements: the float64 truth pools a strided sample of "
-                           f"{TRUTH_SAMPLE} elements per trial, from a secret start")
+                n = truth_sample()
+                self._note(f"outputs above {n} elements: the float64 truth pools a strided sample of {n} elements "
+                           "per trial, from a secret start")
             places = [self.device, torch.device("cpu")] if self.device.type != "cpu" else [self.device]
             for dev in (places[::-1] if self.on_host else places):
                 try:
@@ -344,12 +351,13 @@ class Rule:
 
 
 def pick(numel: int) -> dict | None:
-    """Which elements of an output of `numel` the truth covers this trial: None (all), or `TRUTH_SAMPLE` of them,
+    """Which elements of an output of `numel` the truth covers this trial: None (all), or `truth_sample()` of them,
     every `stride`-th from a start drawn by the judge (`fp64.picked`)."""
-    if numel <= TRUTH_SAMPLE:
+    size = truth_sample()
+    if numel <= size:
         return None
-    stride = numel // TRUTH_SAMPLE
-    return {"start": secrets.randbelow(stride), "stride": stride, "size": TRUTH_SAMPLE}
+    stride = numel // size
+    return {"start": secrets.randbelow(stride), "stride": stride, "size": size}
 
 
 def _contiguous(shape) -> tuple[int, ...]:

@@ -34,7 +34,12 @@ from kernelcraft.judge.failures import classify
 from kernelcraft.judge.guards import Reject
 from kernelcraft.judge.wire import SideEnd
 
-LARGE_OUTPUT_BYTES = 1 << 30  # a last output above this is dropped before a float64 call (`cmd_fp64`)
+LARGE_OUTPUT_BYTES = 1 << 30  # a "large" output (worker docstring): one per side at a time, read in place
+LARGE_OUTPUT_VAR = "KERNELCRAFT_JUDGE_LARGE_BYTES"  # overrides it (the GPU tests force the large-output paths with 0)
+
+
+def large_bytes() -> int:
+    return int(os.environ.get(LARGE_OUTPUT_VAR) or LARGE_OUTPUT_BYTES)
 
 
 def import_file(path: str, name: str):
@@ -230,12 +235,12 @@ class Side:
             modelstate.set_plain_state(self.model, plain)
             modelstate.set_rng_state(rng)
         else:
-            if _nbytes(self._last_out) > LARGE_OUTPUT_BYTES:  # a large output: never two at once (the judge's
+            if _nbytes(self._last_out) > large_bytes():  # a large output: never two at once (the judge's
                 self._last_out = None                          # memory notes); both sides alike, timed or not
             out = self._forward()
         self._last_out = out
         reply = self._deliver(out, check=bool(msg.get("check")))
-        if msg.get("check") and self.device.type == "cuda" and _nbytes(out) > LARGE_OUTPUT_BYTES:
+        if msg.get("check") and self.device.type == "cuda" and _nbytes(out) > large_bytes():
             torch.cuda.empty_cache()  # untimed: the other processes' float64 call and copies need the room
         return reply
 
@@ -334,7 +339,7 @@ class Side:
         from kernelcraft.judge import fp64  # the reference's side only: never loaded with candidate code
 
         envelope = self.device.type == "cuda" and bool(torch.backends.cudnn.allow_tf32)  # PyTorch's default: on
-        if _nbytes(self._last_out) > LARGE_OUTPUT_BYTES:  # the previous trial's output, refreshed by this trial's
+        if _nbytes(self._last_out) > large_bytes():  # the previous trial's output, refreshed by this trial's
             self._last_out = None                           # run: not kept beside the float64 copy
         return {"type": "ok", **fp64.evaluate(self.model, self._args(), self.truth, self.device, envelope,
                                               msg.get("picks"))}

@@ -88,7 +88,8 @@ def run_trials(ev) -> None:
         else:
             partials["partial_trials"] += 1
         ev.result["correctness"].update(passed=passed, **partials)
-        prev = cand_out if _nbytes(cand_out) <= STALE_KEEP_BYTES else None
+        # kept only as a copy: a large output read in place (`Evaluation.in_place`) is poisoned by the next trial
+        prev = cand_out if not ev.large_outputs and _nbytes(cand_out) <= STALE_KEEP_BYTES else None
         ref_out = cand_out = None
     final = rule.final()
     ev.result["correctness"].update(rule.record())

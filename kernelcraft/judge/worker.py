@@ -226,7 +226,7 @@ class Evaluation:
         outputs (each trial's, the weights trial's) and the float64 truth go to host memory from the start, and
         comparisons stream them through the GPU in chunks (module docstring)."""
         self.large_outputs = self.device.type == "cuda" and sum(
-            s.nbytes for s in self.out_specs if s is not None) > side_mod.LARGE_OUTPUT_BYTES
+            s.nbytes for s in self.out_specs if s is not None) > side_mod.large_bytes()
         if self.device.type != "cuda" or getattr(self, "copy_device", None) is not None:
             return
         share = float(os.environ.get(HOST_SHARE_VAR) or HOST_SHARE)  # 0 forces it (the GPU tests do)
