@@ -125,6 +125,8 @@ class Evaluation:
         self.cand.request(dict(self.cand_import, cmd="prepare"), phase="prepare")
         if device_scope and not job.get("needs_build", True):
             self._take_device()  # a quick import's module-level code runs on the lock; nvcc's, off it
+        if self.device.type == "cuda":  # the idle probe's speed, before any candidate code could keep the GPU busy
+            self.idle_clock = timing.RoundTripClock(self.device)  # (`in_place`)
         self.enter("import")
         got = self.cand.request(self.cand_import, phase="import")
         self.build_s = float(got.get("build_s", 0.0))
@@ -297,8 +299,6 @@ class Evaluation:
         before the judge has compared. True when so (the device is then idle)."""
         if not self.large_outputs or getattr(self, "copy_device", None) is not None:
             return False
-        if getattr(self, "idle_clock", None) is None:
-            self.idle_clock = timing.RoundTripClock(self.device)
         try:
             self.idle_clock.settle()
         except timing.DeviceBusy as e:
