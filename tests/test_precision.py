@@ -314,11 +314,11 @@ def test_sampled_truth_keeps_the_verdicts_end_to_end(fixture, cache_dir, monkeyp
     downgrade behind a softmax is still caught, honest fp32 beyond the fixed tolerance still passes."""
     import test_guards as G
 
-    monkeypatch.setenv(precision.TRUTH_SAMPLE_VAR, "64")
+    monkeypatch.setenv(precision.TRUTH_SAMPLE_VAR, "4096")  # of 131072 (128x1024) and more
     spec = G.parse_header(FIXTURES / fixture)
     v = G.run_fixture(spec, spec.screens[-1], "cpu", cache_dir)
     G.check_verdict(v, spec.expectation(spec.screens[-1]), spec)
-    assert "strided sample of 64 elements" in (v.correctness.rule_note or ""), v.correctness
+    assert "strided sample of 4096 elements" in (v.correctness.rule_note or ""), v.correctness
 
 
 def test_fp64_picked_and_no_pick_for_small_outputs():
@@ -336,10 +336,7 @@ def test_partial_mix_changes_few_elements_in_place_of_a_fresh_draw():
     prev = [torch.randn(64, 64), torch.randint(0, 10, (100,)), 3]
     fresh = [torch.randn(64, 64), torch.randint(10, 20, (100,)), 4]
     for share, most in ((0.01, 41), (0.0, 1)):
-        before = [x.clone() if isinstance(x, torch.Tensor) else x for x in prev]
         mixed, changed = partial.mix(prev, fresh, share, seed=7)
-        assert mixed[0] is prev[0]  # in place: no third copy of a large input in the judge
-        prev = before
         diff = int((mixed[0] != prev[0]).sum())
         assert 1 <= diff <= most and diff <= changed
         assert bool(((mixed[0] == prev[0]) | (mixed[0] == fresh[0])).all())
@@ -465,6 +462,51 @@ def test_fp64_envelope_rounds_convolutions_to_tf32_only_when_asked_and_only_for_
                                            torch.device("cpu"), envelope=True)  # no convolution: nothing to widen
     assert fp64.tf32_round(torch.tensor([1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11], dtype=torch.float64)).tolist() == \
         [1.0, 1.0 + 2 ** -9]  # ties to even at the 10th mantissa bit
+
+
+def test_the_envelope_is_asked_for_until_one_trial_gave_it_and_still_accepts_tf32_later():
+    """The TF32 envelope costs a second float64 call: the judge asks for it until it has one (a 3-D transposed
+    convolution spent ~43 s of its checks in float64 on an H100). A TF32 candidate on later trials' fresh inputs is
+    still accepted by the first trial's envelope; bf16 is still not."""
+    cases = [_conv_case(seed) for seed in range(4)]
+
+    class Reference:
+        def __init__(self, give_first=True):
+            self.asked, self.rule, self.trial, self.give_first = [], None, 0, give_first
+
+        def request(self, msg, fds=(), phase=None):
+            if msg.get("release"):
+                return {"type": "ok"}
+            self.asked.append(msg["envelope"])
+            x, w, truth = cases[self.trial]
+            self.rule.arena.tensors[0].copy_(truth)
+            got = {"type": "ok", "available": [True]}
+            if msg["envelope"] and (self.give_first or self.trial > 0):
+                d = torch.nn.functional.conv2d(fp64.tf32_round(x.double()), fp64.tf32_round(w.double())) - truth
+                got["envelope"] = [{"sq": float(d.pow(2).sum()), "max": float(d.abs().max()), "n": d.numel()}]
+            return got
+
+    # (the reference's side gives one at the first trial, or only from the second; the candidate's mantissa bits:
+    # TF32, bf16, or None for the reference's own answer; the verdict; what the judge asked for, trial by trial)
+    for give_first, rounding, ok, asked in ((True, 10, True, [True, False, False, False]), (True, 7, False, None),
+                                            (False, None, True, [True, True, False, False])):
+        ref = Reference(give_first)
+        rule = ref.rule = precision.Rule({"precision": "calibrated", "precision_factor": 6.0},
+                                         [TensorSpec.of(torch.nn.functional.conv2d(cases[0][0], cases[0][1]))],
+                                         torch.device("cpu"), reference=ref)
+        res = None
+        for ref.trial, (x, w, _) in enumerate(cases):
+            truth = rule.truth()
+            r = torch.nn.functional.conv2d(x, w)
+            c = r.clone() if rounding is None else \
+                torch.nn.functional.conv2d(_round_mantissa(x, rounding), _round_mantissa(w, rounding))
+            res = rule.trial(r, c, truth, compare_outputs(r, c), None, None)
+            if not res.ok:
+                break
+        res = rule.final() if res.ok else res
+        assert res.ok is ok, res.message
+        if asked is not None:
+            assert ref.asked == asked
 
 
 def test_the_envelope_accepts_a_tf32_convolution_under_an_fp32_reference_but_not_bf16():

@@ -31,27 +31,22 @@ def shares(count: int) -> list[float]:
 
 def mix(prev: list, fresh: list, share: float, seed: int) -> tuple[list, int]:
     """`prev` with about `share` of every tensor's elements (at least one) taken from `fresh`; (inputs, the number
-    of elements changed). Non-tensor inputs are kept from `prev`. The tensors of `prev` are changed in place (the
-    judge's own draw, replaced by the result: no third copy of a large input)."""
+    of elements changed). Non-tensor inputs are kept from `prev`."""
     gen = torch.Generator().manual_seed(seed)
     out, changed = [], 0
-    for t, b in zip(prev, fresh):
-        out.append(t)  # changed in place below
-        a = t
+    for a, b in zip(prev, fresh):
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.numel() == 0:
+            out.append(a)
             continue
         n = a.numel()
         m = min(n, max(1, round(share * n)))
         flat_idx = torch.randint(0, n, (m,), generator=gen)
-        if a.dim() and a.is_contiguous() and b.is_contiguous() and a.shape == b.shape:  # one flat index on the
-            a, b = a.view(-1), b.view(-1)                                                 # device, not one per dim
-            idx = (flat_idx.to(a.device),)
-        else:
-            idx = tuple(i.to(a.device) for i in torch.unravel_index(flat_idx, a.shape)) if a.dim() else ()
-        old = a[idx].clone() if a.dim() else a.clone()
+        idx = tuple(i.to(a.device) for i in torch.unravel_index(flat_idx, a.shape)) if a.dim() else ()
+        new = a.clone()
         if a.dim():
-            a[idx] = b[idx]
+            new[idx] = b[idx]
         else:
-            a.copy_(b)
-        changed += int((a[idx] != old).sum()) if a.dim() else int(not torch.equal(a, old))
+            new.copy_(b)
+        changed += int((new[idx] != a[idx]).sum()) if a.dim() else int(not torch.equal(new, a))
+        out.append(new)
     return out, changed

@@ -197,7 +197,8 @@ class Rule:
         if not self.calibrating:
             return None
         self.picks = [pick(o.spec.numel) if o.mode == "calibrated" else None for o in self.outputs]
-        msg, fds = {"cmd": "fp64", "picks": self.picks}, []
+        envelope = not any(o.n_e for o in self.outputs if o.mode == "calibrated")  # one trial's is enough
+        msg, fds = {"cmd": "fp64", "picks": self.picks, "envelope": envelope}, []
         if self.arena is None:
             specs = [None if o.mode != "calibrated" else
                      TensorSpec((p["size"],), (1,), "float64") if p is not None else

@@ -338,7 +338,8 @@ class Side:
             return {"type": "ok"}
         from kernelcraft.judge import fp64  # the reference's side only: never loaded with candidate code
 
-        envelope = self.device.type == "cuda" and bool(torch.backends.cudnn.allow_tf32)  # PyTorch's default: on
+        envelope = (self.device.type == "cuda" and bool(torch.backends.cudnn.allow_tf32)  # PyTorch's default: on
+                    and msg.get("envelope", True))  # the judge asks until it has one (`precision.Rule.truth`)
         if _nbytes(self._last_out) > large_bytes():  # the previous trial's output, refreshed by this trial's
             self._last_out = None                           # run: not kept beside the float64 copy
         return {"type": "ok", **fp64.evaluate(self.model, self._args(), self.truth, self.device, envelope,

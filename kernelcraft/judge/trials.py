@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from kernelcraft.judge import partial, precision, tripwires
-from kernelcraft.judge.compare import any_finite, as_tensor_list, compare_outputs
+from kernelcraft.judge.compare import any_finite, as_tensor_list, compare_outputs, is_oom
 from kernelcraft.judge.guards import Reject
 
 STALE_KEEP_BYTES = 1 << 30  # the previous trial's candidate output is kept up to this size (worker's docstring)
@@ -36,15 +36,13 @@ def run_trials(ev) -> None:
             when = f"trial {t + 1} of {trials}"
         else:  # the previous inputs, a few elements changed, at the same addresses: partial-key caches
             try:
-                fresh = ev._draw()
-            except Reject as e:  # no room for a second draw beside the judge's first (a large task's inputs)
-                if "harness_error" not in e.reasons:
+                mixed, changed = partial.mix(ev.current, ev._draw(), share, ev.rng.getrandbits(63))
+            except Exception as e:  # noqa: BLE001 - no room for a second draw and a mix beside the judge's first
+                if not (is_oom(e) or (isinstance(e, Reject) and "harness_error" in e.reasons)):
                     raise
                 partials["partial_skipped"] += 1
                 rule.note("a partial trial was skipped: no device memory for a second draw of the inputs")
                 continue
-            mixed, changed = partial.mix(ev.current, fresh, share, ev.rng.getrandbits(63))
-            fresh = None
             ev._write_inputs(mixed)
             when = f"partial trial {t + 1 - trials} (inputs equal to trial {t}'s but {changed} elements)"
         ev._poison()
