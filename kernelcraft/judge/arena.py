@@ -15,7 +15,6 @@ Design decisions
 from __future__ import annotations
 
 import math
-
 import mmap
 import os
 from dataclasses import dataclass
@@ -52,6 +51,11 @@ class TensorSpec:
 
     def describe(self) -> str:
         return f"{self.dtype}{list(self.shape)}"
+
+
+def total_bytes(specs) -> int:
+    """The bytes the tensors of `specs` take (None entries none)."""
+    return sum(s.nbytes for s in specs if s is not None)
 
 
 def layout(specs: list[TensorSpec | None]) -> tuple[list[int], int]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from kernelcraft.judge import failures, isolation
-from kernelcraft.judge.arena import Arena
+from kernelcraft.judge.arena import Arena, total_bytes
 from kernelcraft.judge.forker import Forker
 from kernelcraft.judge.guards import Reject
 from kernelcraft.judge.sideproc import SideProc, end_candidate
@@ -182,7 +182,7 @@ def worth_keeping(ev, total: int | None = None) -> bool:
     memory beside such judges (a 16.6 GiB one). Such a task's evaluations are long; a cold start costs seconds."""
     if ev.device.type != "cuda":
         return True
-    io = sum(s.nbytes for s in list(ev.in_specs) + list(ev.out_specs) if s is not None)
+    io = total_bytes(list(ev.in_specs) + list(ev.out_specs))
     total = total if total is not None else torch.cuda.get_device_properties(ev.device).total_memory
     return io <= WARM_MAX_SHARE * total
 

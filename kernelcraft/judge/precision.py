@@ -67,11 +67,11 @@ CAP = 1e-2  # the reference's own relative RMS error beyond which it cannot cali
 TIMED_MARGIN = 4.0
 TRUTH_SAMPLE = 1 << 25  # elements of an output pooled per trial at most: a strided sample beyond (module docstring)
 TRUTH_SAMPLE_VAR = "KERNELCRAFT_JUDGE_TRUTH_SAMPLE"  # overrides it (tests sample small outputs)
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def truth_sample() -> int:
     return max(1, int(os.environ.get(TRUTH_SAMPLE_VAR) or TRUTH_SAMPLE))
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

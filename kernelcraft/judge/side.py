@@ -29,7 +29,7 @@ import torch
 from kernelcraft.builder.cache import BuildCache
 from kernelcraft.devices import arch_for
 from kernelcraft.judge import arena, guards, isolation, modelstate, tripwires, weights
-from kernelcraft.judge.compare import as_tensor_list, has_real_storage, is_plain_tensor
+from kernelcraft.judge.compare import has_real_storage, is_plain_tensor
 from kernelcraft.judge.failures import classify
 from kernelcraft.judge.guards import Reject
 from kernelcraft.judge.wire import SideEnd
@@ -51,11 +51,6 @@ def import_file(path: str, name: str):
     return mod
 
 
-def _nbytes(out) -> int:
-    return sum(t.numel() * t.element_size() for t in as_tensor_list(out) or [] if isinstance(t, torch.Tensor)) \
-        if out is not None else 0
-
-
 def _plain(value):
     """A non-tensor output as JSON carries it: plain scalars as they are, anything else as its repr."""
     return value if isinstance(value, (int, float, bool, str, type(None))) else repr(value)
@@ -71,6 +66,7 @@ class Side:
         self.outs: list = []
         self._last_out = None  # the last forward's output: what `null` delivers again
         self.out_kind = "tensor"
+        self.large = False  # outputs above large_bytes() (set with the output arena, `cmd_outputs`)
         self.build: BuildCache | None = None
         self.state = None
         self.path = ""
@@ -188,6 +184,7 @@ class Side:
     def cmd_outputs(self, msg: dict, fds) -> dict:
         self.outs = arena.attach(msg["arena"], fds)
         self.out_kind = msg["kind"]
+        self.large = sum(b.numel() * b.element_size() for b in self.outs if b is not None) > large_bytes()
         return {"type": "ok"}
 
     def _args(self) -> list:
@@ -235,12 +232,12 @@ class Side:
             modelstate.set_plain_state(self.model, plain)
             modelstate.set_rng_state(rng)
         else:
-            if _nbytes(self._last_out) > large_bytes():  # a large output: never two at once (the judge's
-                self._last_out = None                          # memory notes); both sides alike, timed or not
+            if self.large:  # a large output: never two at once (the judge's memory notes); both sides alike,
+                self._last_out = None  # timed or not
             out = self._forward()
         self._last_out = out
         reply = self._deliver(out, check=bool(msg.get("check")))
-        if msg.get("check") and self.device.type == "cuda" and _nbytes(out) > large_bytes():
+        if msg.get("check") and self.device.type == "cuda" and self.large:
             torch.cuda.empty_cache()  # untimed: the other processes' float64 call and copies need the room
         return reply
 
@@ -340,8 +337,8 @@ class Side:
 
         envelope = (self.device.type == "cuda" and bool(torch.backends.cudnn.allow_tf32)  # PyTorch's default: on
                     and msg.get("envelope", True))  # the judge asks until it has one (`precision.Rule.truth`)
-        if _nbytes(self._last_out) > large_bytes():  # the previous trial's output, refreshed by this trial's
-            self._last_out = None                           # run: not kept beside the float64 copy
+        if self.large:  # the previous trial's output, refreshed by this trial's run: not kept beside the float64
+            self._last_out = None  # copy
         return {"type": "ok", **fp64.evaluate(self.model, self._args(), self.truth, self.device, envelope,
                                               msg.get("picks"))}
 

@@ -58,7 +58,7 @@ import secrets  # noqa: E402
 import torch  # noqa: E402
 
 from kernelcraft.judge import failures, isolation, rounds, side as side_mod, trials, tripwires, weights  # noqa: E402,E501
-from kernelcraft.judge.arena import Arena, TensorSpec  # noqa: E402
+from kernelcraft.judge.arena import Arena, TensorSpec, total_bytes  # noqa: E402
 from kernelcraft.judge.compare import is_oom  # noqa: E402
 from kernelcraft.judge.guards import Reject  # noqa: E402
 from kernelcraft.judge import jobs  # noqa: E402
@@ -227,12 +227,11 @@ class Evaluation:
         """A task whose inputs and outputs take more than `HOST_SHARE` of the GPU: the judge's own copies of
         outputs (each trial's, the weights trial's) and the float64 truth go to host memory from the start, and
         comparisons stream them through the GPU in chunks (module docstring)."""
-        self.large_outputs = self.device.type == "cuda" and sum(
-            s.nbytes for s in self.out_specs if s is not None) > side_mod.large_bytes()
+        self.large_outputs = self.device.type == "cuda" and total_bytes(self.out_specs) > side_mod.large_bytes()
         if self.device.type != "cuda" or getattr(self, "copy_device", None) is not None:
             return
         share = float(os.environ.get(HOST_SHARE_VAR) or HOST_SHARE)  # 0 forces it (the GPU tests do)
-        io = sum(s.nbytes for s in list(self.in_specs) + list(self.out_specs) if s is not None)
+        io = total_bytes(list(self.in_specs) + list(self.out_specs))
         if io > share * torch.cuda.get_device_properties(self.device).total_memory:
             self.copy_device = torch.device("cpu")
 
