@@ -5,6 +5,7 @@ Usage (on a GPU box; everything it needs is generated here):
     python benchmarks/throughput.py --gpus 1,2,4         # scaling 1 -> N GPUs (a fresh candidate set each)
     python benchmarks/throughput.py --n 32 --baseline 2 --out tp.json --markdown
     python benchmarks/throughput.py --device cpu --n 2 --baseline 1   # smoke test of this script, no GPU
+    python benchmarks/throughput.py --n 16 --baseline 0 --checks fixed   # issue 16's checks off: the process design alone
 
 What it measures, in a fresh cache directory (so "cold" is cold):
 1. baseline: `evaluate()` one candidate at a time (build inside the evaluation, then timing) — what a
@@ -265,6 +266,9 @@ def main() -> int:
     ap.add_argument("--time-budget", type=float, default=3.0, help="timing budget per evaluation, s")
     ap.add_argument("--mode", default="strict", choices=("open", "strict"))
     ap.add_argument("--remeasure-above", type=float, default=3.0, help="0 disables re-measuring big speedups")
+    ap.add_argument("--checks", default="full", choices=("full", "fixed"),
+                    help="fixed: the in-process judge's checks (fixed tolerances, no partial trials), to compare the "
+                         "process design alone with a tree from before the calibrated rule")
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temporary directory (removed after)")
     ap.add_argument("--pch", default="ready", choices=("ready", "auto", "off"),
                     help="precompiled torch/extension.h for main.cpp (kernelcraft/builder/pch.py): ready = made before the "
@@ -284,6 +288,8 @@ def main() -> int:
     scales = [int(x) for x in args.gpus.split(",")] if args.gpus else [max(n_gpus, 1)]
     opts = dict(trials=args.trials, time_budget_s=args.time_budget, mode=args.mode,
                 remeasure_above=args.remeasure_above or None)
+    if args.checks == "fixed":
+        opts.update(precision="fixed", partial_trials=0)
     salt = f"{int(time.time()) % 100000}"
     cache = Path(args.cache_dir or tempfile.mkdtemp(prefix="kc-throughput-"))
     results = {"device": args.device, "gpu": torch.cuda.get_device_name(0) if gpu else None, "gpus_visible": n_gpus,

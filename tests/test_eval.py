@@ -182,3 +182,34 @@ def test_remeasured_verdict_reports_the_whole_cost(monkeypatch):
     assert v.speedup == pytest.approx(4.9) and "remeasured" in v.guards
     assert v.build_s == 30.0
     assert v.phases_s == {"spawn": 11.0, "import": 30.02, "check": 0.9, "time": 1.1}
+
+
+def test_a_remeasure_checks_less_and_the_verdict_keeps_the_first_runs_checks(monkeypatch):
+    """Re-measures (which can only lower the reported speedup) run two fresh trials, no partial trials and no
+    weights trial, with other weights; the verdict reports the lowest run's speed with the first run's
+    correctness, weights and protocol records (stubbed runs)."""
+    import importlib
+
+    from kernelcraft.verdict import Correctness, Timing, Verdict
+
+    ev = importlib.import_module("kernelcraft.evaluate")
+    calls = []
+
+    def once(task, cand, proto, **place):
+        calls.append((proto, place.get("remeasure", False)))
+        speedup = 5.0 if len(calls) == 1 else 4.8
+        return Verdict(task="t", candidate_sha256="0" * 64, device="cpu", status="correct", protocol=proto,
+                       correctness=Correctness(trials=proto.trials, passed=proto.trials),
+                       guards=["screen", "weights"] if len(calls) == 1 else ["screen"],
+                       timing=Timing(ref_ms=1.0, cand_ms=1.0 / speedup, speedup=speedup,
+                                     ci95=[speedup * 0.99, speedup * 1.01], samples=50, method="stub"))
+
+    monkeypatch.setattr(ev, "_evaluate_once", once)
+    v = ev.evaluate("tiny/level1/diag_matmul", "class ModelNew: pass", device="cpu", remeasure_above=3.0,
+                    trials=4, partial_trials=2)
+    (p1, r1), (p2, r2) = calls
+    assert not r1 and (p1.trials, p1.partial_trials) == (4, 2)
+    assert r2 and (p2.trials, p2.partial_trials) == (ev.REMEASURE_TRIALS, 0) and p2.seed != p1.seed
+    assert v.speedup == pytest.approx(4.8) and v.correctness.trials == 4 and v.protocol == p1
+    assert v.guards == ["screen", "weights", "remeasured"]
+    assert ev.remeasure_protocol(p1.with_(trials=1), 1).trials == 1  # never more trials than asked for

@@ -231,7 +231,8 @@ def test_inputs_are_fresh_and_secret_every_evaluation(tmp_path):
     weights = {ln for ln in lines if ln.startswith("w ")}
     inputs = [ln for ln in lines if ln.startswith("x ")]
     assert len(weights) == 1, "the same seed gives the same weights"
-    assert len(inputs) == 10 and len(set(inputs)) == 10, "every trial of every evaluation sees fresh inputs"
+    # five trials and the unjudged first call (`Evaluation.first_call`) per evaluation, every one on fresh inputs
+    assert len(inputs) == 12 and len(set(inputs)) == 12, "every trial of every evaluation sees fresh inputs"
 
 
 def test_running_threads_reads_stopped_and_running_processes():
@@ -296,3 +297,32 @@ def test_timing_spans_fresh_candidate_processes(tmp_path):
     one = evaluate(str(task), cand, device="cpu", processes=1, time_budget_s=0.3, remeasure_above=None,
                    cache_dir=tmp_path / "cache")
     assert one.timing.processes in (1, None) and one.timing.process_speedups is None
+
+
+@pytest.mark.parametrize("wrong_call, status", [(1, "correct"), (2, "incorrect")])
+def test_a_candidate_processs_first_forward_is_not_judged(tmp_path, wrong_call, status):
+    """Like the reference's first call (`describe`), every candidate process's first forward (the checked one's and
+    each timing sibling's) is left unjudged (`Evaluation.first_call`: a CPU library's first call was inexact on one
+    thread). Its second call is the first trial: a wrong answer there is still `incorrect`."""
+    cand = tmp_path / "cand.py"
+    cand.write_text(f'''import torch
+import torch.nn as nn
+
+_calls = [0]  # per process
+
+
+class ModelNew(nn.Module):
+    def __init__(self, alpha: float):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, a, b):
+        _calls[0] += 1
+        out = torch.add(b, a, alpha=self.alpha)
+        return out * 0 if _calls[0] == {wrong_call} else out
+''')
+    v = evaluate(FIXTURES / "tasks" / "tiny_elementwise.py", cand, device="cpu", time_budget_s=0.3, processes=3,
+                 remeasure_above=None, cache_dir=tmp_path)
+    assert v.status == status, v.message
+    if status == "correct":
+        assert v.timing.processes == 3, v.timing

@@ -93,8 +93,16 @@ def test_reference_below_float64_falls_back_to_fixed(tmp_path, cache_dir):
 
 
 def test_nondeterministic_reference_falls_back_to_fixed(tmp_path, cache_dir):
+    """A reference that draws random numbers in forward has no float64 truth to calibrate with: the fixed rule. The
+    same code as candidate draws the same numbers (both seeded before construction, and each side's first call is
+    unjudged: the reference's `describe`, the candidate's `first_call`, so the two RNG streams stay in step, as
+    KernelBench's reseeding keeps them); other random numbers are a `value_mismatch`."""
     task = _task(tmp_path, "x + 0.1 * torch.randn_like(x)")
     v = evaluate(task, _cand(tmp_path, "x + 0.1 * torch.randn_like(x)"), device="cpu", timing=False,
+                 cache_dir=cache_dir)
+    assert v.status == "correct", v.message
+    assert v.correctness.rule == "fixed" and "nondeterministic" in v.correctness.rule_note
+    v = evaluate(task, _cand(tmp_path, "x + 0.1 * (torch.rand_like(x) - 0.5) * 3.4"), device="cpu", timing=False,
                  cache_dir=cache_dir)
     assert (v.status, v.reasons) == ("incorrect", ["value_mismatch"]), v.message
     assert v.correctness.rule == "fixed" and "nondeterministic" in v.correctness.rule_note
@@ -305,6 +313,37 @@ def test_large_outputs_pool_a_secret_strided_sample_of_the_truth(monkeypatch):
         assert all(p[0]["stride"] == 128 * 64 // 500 for p in side.picks)
     starts = {p[0]["start"] for p in side.picks}
     assert all(0 <= s < 16 for s in starts)
+
+
+def test_truth_only_until_enough_elements_then_trials_are_held_to_what_it_accepted(monkeypatch):
+    """The float64 truth is asked for the first TRUTH_TRIALS fresh trials, then only while an output has pooled
+    fewer than TRUTH_ELEMENTS; a trial without truth accepts an honest answer beyond the fixed tolerance (the
+    neighbour of a TF32 reference) and rejects one beyond 4x what the trials with truth accepted, or a stale one."""
+    monkeypatch.setattr(precision, "TRUTH_ELEMENTS", 3 * 128 * 64)  # three trials of this output
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(256, 64), torch.randn(128, 256)
+    w, b = model.weight.detach(), model.bias.detach()
+    ref = _round_mantissa(x, 10) @ _round_mantissa(w, 10).t() + b  # a TF32 reference: its own error is large
+    side = _SampledReference(model, x)
+    rule = side.rule = precision.Rule({"precision": "calibrated", "precision_factor": 6.0}, [TensorSpec.of(ref)],
+                                      torch.device("cpu"), reference=side)
+    asked = []
+    for _ in range(5):
+        asked.append(rule.wants_truth())
+        truth = rule.truth() if asked[-1] else None
+        assert rule.trial(ref, ref.clone(), truth, compare_outputs(ref, ref.clone()), None, None).ok
+    assert asked == [True, True, True, False, False] and len(side.picks) == 3
+    atol, _ = rule.timed_tolerance(None, None)
+    unit = atol * max(1.0, rule.outputs[0].scale)
+    assert atol > 1e-3  # 4x the TF32 reference's worst case, far beyond the fixed 1e-4
+    inside, outside = ref + 0.5 * unit, ref + 2.0 * unit
+    assert not compare_outputs(ref, inside).ok  # the fixed rule alone would fail it
+    assert rule.trial(ref, inside, None, compare_outputs(ref, inside), None, None).ok
+    bad = rule.trial(ref, outside, None, compare_outputs(ref, outside), None, None)
+    assert not bad.ok and bad.reasons == ["value_mismatch"] and "without float64 truth" in bad.message
+    stale = model(torch.randn(128, 256)).detach()
+    assert not rule.trial(ref, stale, None, compare_outputs(ref, stale), None, None).ok
+    assert len(side.picks) == 3  # no truth was asked for the trials without it
 
 
 @pytest.mark.parametrize("fixture", ["hacks/precision_fp16_softmax.py", "legit/guard_softmax_manual.py",

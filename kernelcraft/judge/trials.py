@@ -3,7 +3,8 @@
 Design decisions
 - A function of the evaluation, as the timed rounds are (`rounds.time_candidate`): the sequence reads in one place,
   the evaluation owns the state (arenas, sides, the draw). Each trial draws fresh inputs (`Evaluation.redraw`),
-  poisons the output arenas, asks the reference's side for the float64 truth (`precision.Rule`), runs both sides
+  poisons the output arenas, asks the reference's side for the float64 truth where the rule wants it
+  (`precision.Rule.wants_truth`: the first fresh trials, never a partial one), runs both sides
   in alternating order, reads their outputs (`Evaluation._trial_outputs`) and judges them: the fixed comparison,
   then the calibrated rule. Partial trials follow (`partial`); strict mode's own-kernel evidence last.
 - A large output's trials return the judge's cached device blocks before the float64 call (module docstring of
@@ -25,7 +26,7 @@ def run_trials(ev) -> None:
     p = ev.p
     trials = p["trials"]
     passed, max_abs, max_rel, atol, rtol = 0, 0.0, 0.0, None, None
-    prev = None
+    prev = getattr(ev, "first_out", None)  # the candidate's unjudged first answer (`Evaluation.first_call`)
     rule = precision.Rule(p, ev.out_specs, ev.device, ev.ref,  # calibrated or fixed (issue 16)
                           on_host=getattr(ev, "copy_device", None) is not None)
     shares = [None] * trials + partial.shares(p.get("partial_trials", 0))  # None: a fresh draw
@@ -48,7 +49,7 @@ def run_trials(ev) -> None:
         ev._poison()
         if ev.large_outputs:  # the reference's float64 call needs room more than the judge's cache does
             torch.cuda.empty_cache()
-        truth = rule.truth(sticky=share is None)
+        truth = rule.truth() if share is None and rule.wants_truth() else None  # (precision: which trials)
         first, second = (ev.ref, ev.cand) if t % 2 == 0 or share is not None else (ev.cand, ev.ref)
         replies, stage = {}, ""
         try:

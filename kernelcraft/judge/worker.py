@@ -148,8 +148,9 @@ class Evaluation:
             self.enter("time")
             self._time()
         self.enter("check")
-        weights.check(self)  # the same new weights into both models, one more trial (judge/weights.py); after
-        self._audit()        # timing (which times the weights as constructed), in the candidate's first process
+        if not job.get("remeasure"):  # a re-measure keeps the first run's weights verdict (`evaluate.remeasure_protocol`)
+            weights.check(self)  # the same new weights into both models, one more trial (judge/weights.py); after
+        self._audit()            # timing (which times the weights as constructed), in the candidate's first process
         self.cand.request({"cmd": "audit"})
         self.result["guards"].append("audits")
         return self.result
@@ -221,6 +222,25 @@ class Evaluation:
         self.ready = Warm(self.task, self.in_specs, values, self.in_arenas["reference"], self.out_specs,
                           self.out_kind, self.out_arenas["reference"], self.ref_construct, self.stateful)
         self.result["guards"] += ["separate_processes", "secret_inputs", "inputs_verified", "outputs_poisoned"]
+        self.first_out = self.first_call(self.cand, "init")  # after `ready`: a candidate's crash keeps the judge warm
+
+    def first_call(self, side: SideProc, phase: str):
+        """A candidate process's first forward, on the inputs in its arena, is not judged: the reference's never is
+        (it is `describe`). On the CPU a freshly forked side's first element-wise `exp` or `tanh` came out at ~12-bit
+        accuracy on one of its two intra-op threads (only that call: the same inputs again were exact), which failed
+        honest written-out softmaxes as `precision_downgrade` in ~1 of 40 evaluations. A stateful task's candidate
+        goes back to its constructed plain-attribute and RNG state after it, as the reference does after `describe`;
+        any other keeps what its first call left (a lazily built cache, a captured graph), as it would for a user.
+        Outputs are poisoned before every judged call, and the call tells the candidate nothing: the trials draw
+        fresh inputs. Returns a copy of its output where the trials keep one (`trials.STALE_KEEP_BYTES`): the first
+        trial's answer is compared with it to name a repeated answer `stale_output`."""
+        reply = side.request(dict(cmd="run", check=False, keep_state=self.stateful), phase=phase)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        if self.large_outputs or getattr(self, "copy_device", None) is not None \
+                or total_bytes(self.out_specs) > trials.STALE_KEEP_BYTES:
+            return None
+        return self._output("candidate", list(reply.get("values", [])), copy=True)
 
     # -- inputs and outputs ------------------------------------------------------------------------------
     def _place_copies(self) -> None:
