@@ -203,8 +203,8 @@ class Rule:
     def wants_truth(self) -> bool:
         """Whether the next fresh trial needs the float64 truth (module docstring: the first `TRUTH_TRIALS`, then
         until every calibrated output pooled `TRUTH_ELEMENTS`)."""
-        cal = [o for o in self.outputs if o.mode == "calibrated"]
-        return bool(cal) and (self.truth_trials < TRUTH_TRIALS or any(o.n < TRUTH_ELEMENTS for o in cal))
+        return self.calibrating and (self.truth_trials < TRUTH_TRIALS or any(
+            o.n < TRUTH_ELEMENTS for o in self.outputs if o.mode == "calibrated"))
 
     def truth(self) -> list | None:
         """The reference's float64 outputs for the inputs now in the arenas (views of the judge's arena, None

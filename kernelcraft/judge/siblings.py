@@ -59,7 +59,7 @@ def start(ev, k: int, tol) -> list[SideProc]:
                             (ev.out_arenas, dict(cmd="outputs", kind=ev.out_kind))):
             desc, fds = arenas["candidate"].handle()
             side.request(dict(cmd, arena=desc), fds, phase="time")
-        ev.first_call(side, "time")  # never judged (`worker.Evaluation.first_call`); its copy is not needed here
+        ev.first_call(side, "time")  # never judged (`worker.Evaluation.first_call`)
         ev.fresh_state((ev.ref, side), "time")  # a stateful task: both from their constructed state
         ev.redraw()
         ev._poison()

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from kernelcraft.judge import partial, precision, tripwires
-from kernelcraft.judge.compare import any_finite, as_tensor_list, compare_outputs, is_oom
+from kernelcraft.judge.arena import total_bytes
+from kernelcraft.judge.compare import any_finite, compare_outputs, is_oom
 from kernelcraft.judge.guards import Reject
 
 STALE_KEEP_BYTES = 1 << 30  # the previous trial's candidate output is kept up to this size (worker's docstring)
@@ -88,7 +89,7 @@ def run_trials(ev) -> None:
             partials["partial_trials"] += 1
         ev.result["correctness"].update(passed=passed, **partials)
         # kept only as a copy: a large output read in place (`Evaluation.in_place`) is poisoned by the next trial
-        prev = cand_out if not ev.large_outputs and _nbytes(cand_out) <= STALE_KEEP_BYTES else None
+        prev = cand_out if keeps_answers(ev) else None
         ref_out = cand_out = None
     final = rule.final()
     ev.result["correctness"].update(rule.record())
@@ -106,8 +107,10 @@ def run_trials(ev) -> None:
                           phase="check")
 
 
-def _nbytes(out) -> int:
-    return sum(t.numel() * t.element_size() for t in as_tensor_list(out) or [] if isinstance(t, torch.Tensor))
+def keeps_answers(ev) -> bool:
+    """Whether the judge keeps a copy of the candidate's last answer, to name a repeat of it `stale_output`: up to
+    `STALE_KEEP_BYTES`, never a large output read in place (poisoned by the next trial; worker's docstring)."""
+    return not ev.large_outputs and total_bytes(ev.out_specs) <= STALE_KEEP_BYTES
 
 
 def _reference_sane(ref_out) -> None:

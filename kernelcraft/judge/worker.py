@@ -222,9 +222,11 @@ class Evaluation:
         self.ready = Warm(self.task, self.in_specs, values, self.in_arenas["reference"], self.out_specs,
                           self.out_kind, self.out_arenas["reference"], self.ref_construct, self.stateful)
         self.result["guards"] += ["separate_processes", "secret_inputs", "inputs_verified", "outputs_poisoned"]
-        self.first_out = self.first_call(self.cand, "init")  # after `ready`: a candidate's crash keeps the judge warm
+        reply = self.first_call(self.cand, "init")  # after `ready`: a candidate's crash keeps the judge warm
+        self.first_out = self._output("candidate", list(reply.get("values", [])), copy=True) \
+            if trials.keeps_answers(self) else None  # the first trial names a repeat of it `stale_output`
 
-    def first_call(self, side: SideProc, phase: str):
+    def first_call(self, side: SideProc, phase: str) -> dict:
         """A candidate process's first forward, on the inputs in its arena, is not judged: the reference's never is
         (it is `describe`). On the CPU a freshly forked side's first element-wise `exp` or `tanh` came out at ~12-bit
         accuracy on one of its two intra-op threads (only that call: the same inputs again were exact), which failed
@@ -232,15 +234,11 @@ class Evaluation:
         goes back to its constructed plain-attribute and RNG state after it, as the reference does after `describe`;
         any other keeps what its first call left (a lazily built cache, a captured graph), as it would for a user.
         Outputs are poisoned before every judged call, and the call tells the candidate nothing: the trials draw
-        fresh inputs. Returns a copy of its output where the trials keep one (`trials.STALE_KEEP_BYTES`): the first
-        trial's answer is compared with it to name a repeated answer `stale_output`."""
+        fresh inputs. Returns the side's reply (its output is in the side's arena)."""
         reply = side.request(dict(cmd="run", check=False, keep_state=self.stateful), phase=phase)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        if self.large_outputs or getattr(self, "copy_device", None) is not None \
-                or total_bytes(self.out_specs) > trials.STALE_KEEP_BYTES:
-            return None
-        return self._output("candidate", list(reply.get("values", [])), copy=True)
+        return reply
 
     # -- inputs and outputs ------------------------------------------------------------------------------
     def _place_copies(self) -> None:
