@@ -326,3 +326,23 @@ class ModelNew(nn.Module):
     assert v.status == status, v.message
     if status == "correct":
         assert v.timing.processes == 3, v.timing
+
+
+@pytest.mark.parametrize("oom_call, reason", [(1, "task_error"), (2, "harness_error")])
+def test_a_reference_out_of_memory_is_the_tasks_only_before_it_has_run_once(tmp_path, oom_call, reason):
+    """A reference that runs out of memory on its first forward (`describe`) does not fit: the task's error. Once it
+    has run at the task's size, running out is the judge's (its float64 copies) or a neighbour's on a shared GPU
+    (KernelBench's 35_GroupNorm was named `task_error` beside another job holding 43 GiB): `harness_error`, which the
+    bench and the pool re-run instead of caching, and which names neither the task nor the candidate."""
+    task = tmp_path / "task.py"
+    task.write_text((FIXTURES / "tasks" / "tiny_elementwise.py").read_text().replace(
+        "    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:\n",
+        "    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:\n"
+        "        _calls[0] += a.dtype == torch.float32  # the float64 truth runs that OOM are retried cheaper\n"
+        "        if _calls[0] == %d:\n"
+        "            raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n" % oom_call)
+        .replace("class Model(", "_calls = [0]\n\n\nclass Model("))
+    assert "_calls[0] += a.dtype" in task.read_text()
+    v = evaluate(task, FIXTURES / "legit" / "torch_elementwise.py", device="cpu", timing=False, cache_dir=tmp_path)
+    assert v.status == "runtime_error" and v.reasons == [reason], (v.status, v.reasons, v.message)
+    assert "out of memory" in v.message

@@ -63,6 +63,7 @@ class Warm:
     out_arena: Arena
     ref_construct: dict  # the reference's reply to `construct` (what its construction left, e.g. its mode)
     stateful: bool = False  # its forward changes plain-attribute state (`side.cmd_describe`)
+    tf32_convolutions: bool = False  # its convolutions may run in TF32 (`side.cmd_describe`, `precision`)
 
 
 NOT_REUSABLE = {"task_error", "harness_error", "peer_tampering", "thread_injection"}

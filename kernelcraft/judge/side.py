@@ -222,7 +222,10 @@ class Side:
                 specs.append({"shape": list(o.shape), "dtype": str(o.dtype).removeprefix("torch.")})
             else:
                 specs.append({"value": _plain(o)})
-        return {"type": "ok", "kind": kind, "items": specs, "stateful": bool(stateful)}
+        convolutions = isinstance(self.model, torch.nn.Module) and any(
+            isinstance(m, torch.nn.modules.conv._ConvNd) for m in self.model.modules())
+        tf32 = self.device.type == "cuda" and bool(torch.backends.cudnn.allow_tf32) and convolutions  # (precision)
+        return {"type": "ok", "kind": kind, "items": specs, "stateful": bool(stateful), "tf32_convolutions": tf32}
 
     def cmd_run(self, msg: dict, fds) -> dict:
         self.phase = "check" if msg.get("check") else "time"

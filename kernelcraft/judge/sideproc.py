@@ -8,9 +8,11 @@ Design decisions
   side runs only while the judge waits on it. `timed` is the same round trip under the judge's clock, ending
   when the side is frozen and the device idle (`timing.RoundTripClock.settle`).
 - A reply is trusted only as bad news: a `reject` becomes a verdict (status and reasons filtered to the known
-  ones); a reference that fails is the task's error. Bytes a side sends outside a request are a violation
-  (a reply sent ahead would end the next call's clock early). A side that dies is described by its wait
-  status and the log's tail.
+  ones); a reference that fails is the task's error — except running out of device memory after it has already
+  run at this size (`ran`): the task fit, so the shortage is the judge's (its float64 copies) or another
+  process's on a shared GPU, a `harness_error` that names neither the task nor the candidate. Bytes a side
+  sends outside a request are a violation (a reply sent ahead would end the next call's clock early). A side
+  that dies is described by its wait status and the log's tail.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class SideProc:
         self.frozen = False
         self.phase = "start"
         self.build_s = 0.0
+        self.ran = False  # the reference: has run a forward at the task's size (its `describe`, or a warm judge's)
 
     @classmethod
     def fork(cls, role: str, protected: list[int], close: list[int]) -> "SideProc":
@@ -129,6 +132,10 @@ class SideProc:
             return reply
         message = str(reply.get("message", ""))[:4000]
         if self.role == "reference":
+            if self.ran and "out_of_memory" in (reply.get("reasons") or []):
+                raise Reject("runtime_error", ["harness_error"], "the reference ran out of device memory after it "
+                             "had run at this size: another process crowded the GPU, or the judge's own check held "
+                             f"too much (neither the task's fault nor the candidate's): {message}")
             raise Reject("runtime_error", ["task_error"], f"the reference failed: {message}")
         status = reply.get("status") if reply.get("status") in BAD_STATUSES else "runtime_error"
         reasons = [r for r in reply.get("reasons", []) if isinstance(r, str) and r in REASONS][:4] or ["exception"]

@@ -7,6 +7,11 @@ Design decisions
   (`precision.Rule.wants_truth`: the first fresh trials, never a partial one), runs both sides
   in alternating order, reads their outputs (`Evaluation._trial_outputs`) and judges them: the fixed comparison,
   then the calibrated rule. Partial trials follow (`partial`); strict mode's own-kernel evidence last.
+- A partial trial also fails as `stale_output` when the candidate's answer is bit-for-bit its previous one while
+  the reference's moved beyond the fixed default tolerance: a cache keyed on part of the input, caught even where
+  the trial's tolerance is too wide to see the few changed elements' effect (a deep network whose reference errs
+  by percents in TF32, `precision`). The reference must have moved: an input element that changes nothing (a
+  max-pool's non-maximum) leaves both answers as they were.
 - A large output's trials return the judge's cached device blocks before the float64 call (module docstring of
   `worker`): the reference's side needs the room more than the judge's cache does.
 """
@@ -28,8 +33,10 @@ def run_trials(ev) -> None:
     trials = p["trials"]
     passed, max_abs, max_rel, atol, rtol = 0, 0.0, 0.0, None, None
     prev = getattr(ev, "first_out", None)  # the candidate's unjudged first answer (`Evaluation.first_call`)
+    prev_ref = None  # the reference's answer to the inputs a partial trial changes (kept only before one)
     rule = precision.Rule(p, ev.out_specs, ev.device, ev.ref,  # calibrated or fixed (issue 16)
-                          on_host=getattr(ev, "copy_device", None) is not None)
+                          on_host=getattr(ev, "copy_device", None) is not None,
+                          tf32_convolutions=getattr(ev, "tf32_convolutions", False))
     shares = [None] * trials + partial.shares(p.get("partial_trials", 0))  # None: a fresh draw
     partials = {"partial_trials": 0, "partial_skipped": 0}
     for t, share in enumerate(shares):
@@ -69,11 +76,14 @@ def run_trials(ev) -> None:
                 raise
             partials["partial_skipped"] += 1
             continue
-        if moved and prev is not None:
-            prev = tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in prev) \
-                if isinstance(prev, tuple) else prev.cpu()
+        if moved:  # the judge's copies went to host memory: so do the answers it keeps
+            prev, prev_ref = _to_host(prev), _to_host(prev_ref)
         cmp = compare_outputs(ref_out, cand_out, p["atol"], p["rtol"], on=ev.device)
         cmp = rule.trial(ref_out, cand_out, truth, cmp, p["atol"], p["rtol"])
+        if cmp.ok and share is not None and prev is not None and prev_ref is not None \
+                and tripwires.same_values(prev, cand_out) and not compare_outputs(prev_ref, ref_out, on=ev.device).ok:
+            raise Reject("incorrect", ["stale_output"], f"{when}: the candidate returned its previous answer bit for "
+                         "bit while the reference's changed (a cache keyed on part of the input)")
         max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
         atol, rtol = cmp.atol if cmp.atol is not None else atol, cmp.rtol if cmp.rtol is not None else rtol
         ev.result["correctness"] = dict(trials=trials, passed=passed, max_abs_err=max_abs,
@@ -90,6 +100,7 @@ def run_trials(ev) -> None:
         ev.result["correctness"].update(passed=passed, **partials)
         # kept only as a copy: a large output read in place (`Evaluation.in_place`) is poisoned by the next trial
         prev = cand_out if keeps_answers(ev) else None
+        prev_ref = _copy(ref_out) if prev is not None and t + 1 < len(shares) and shares[t + 1] is not None else None
         ref_out = cand_out = None
     final = rule.final()
     ev.result["correctness"].update(rule.record())
@@ -105,6 +116,19 @@ def run_trials(ev) -> None:
         ev.redraw()
         ev.cand.request(dict(cmd="own_kernel", kernel_names=ev.job.get("kernel_names") or []),
                           phase="check")
+
+
+def _to_host(out):
+    if isinstance(out, torch.Tensor):
+        return out.cpu()
+    return type(out)(_to_host(x) for x in out) if isinstance(out, (list, tuple)) else out
+
+
+def _copy(out):
+    """A copy of an output (the reference's is a view of its arena, rewritten by the next trial)."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    return type(out)(_copy(x) for x in out) if isinstance(out, (list, tuple)) else out
 
 
 def keeps_answers(ev) -> bool:

@@ -206,12 +206,15 @@ class Evaluation:
         self._write_inputs(first)
         if warm:
             self.out_kind, self.out_specs, self.stateful = warm.out_kind, warm.out_specs, warm.stateful
+            self.tf32_convolutions = warm.tf32_convolutions
         else:
             d = self.ref.request({"cmd": "describe"}, phase="init")
             self.stateful = bool(d.get("stateful"))
+            self.tf32_convolutions = d.get("tf32_convolutions") is True
             self.out_kind = d["kind"]
             self.out_specs = [TensorSpec(tuple(i["shape"]), _contiguous(i["shape"]), i["dtype"])
                               if "shape" in i else None for i in d["items"]]
+        self.ref.ran = True  # later out-of-memory is the judge's or a neighbour's (`SideProc.check`)
         self.out_arenas = {"reference": warm.out_arena} if warm else {}
         for s in sides:
             a = Arena(self.out_specs, self.device)
@@ -220,7 +223,8 @@ class Evaluation:
             s.request(dict(cmd="outputs", arena=desc, kind=self.out_kind), fds)
         self._place_copies()
         self.ready = Warm(self.task, self.in_specs, values, self.in_arenas["reference"], self.out_specs,
-                          self.out_kind, self.out_arenas["reference"], self.ref_construct, self.stateful)
+                          self.out_kind, self.out_arenas["reference"], self.ref_construct, self.stateful,
+                          self.tf32_convolutions)
         self.result["guards"] += ["separate_processes", "secret_inputs", "inputs_verified", "outputs_poisoned"]
         reply = self.first_call(self.cand, "init")  # after `ready`: a candidate's crash keeps the judge warm
         self.first_out = self._output("candidate", list(reply.get("values", [])), copy=True) \

@@ -1,0 +1,122 @@
+"""One output's pooled errors against float64 truth, and the bounds they set: the calibrated rule's arithmetic
+(`precision` is the judge's end of it and says why these numbers).
+
+Design decisions
+- Sums, not samples: an output's trials are pooled as counts, sums of squares and maxima (`Output`), so a bound is
+  the same arithmetic whether one trial or seven fed it, and what a side reports (the envelopes) is numbers only.
+- Which reference cannot calibrate, and why, is decided here (`Output.uncalibratable`): the verdict's rule_note
+  quotes the reason.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kernelcraft.judge.arena import TensorSpec
+
+FLOOR_ULPS = 256  # 2^-16 of the output scale in fp32: fast-math transcendentals (~2^-18) pass, fp16/TF32 (2^-11) do not
+MAX_FACTOR = 2.0  # the max-error bound is MAX_FACTOR x F
+SMALL_N = 64
+CAP = 1e-2  # the reference's own relative RMS error beyond which it needs a named reason to calibrate anything
+ENVELOPE_EXPLAINS = 4.0  # ... such as the TF32 envelope erring at least 1/4 as much (cuDNN truncates, we round)
+MEANINGFUL = 0.5  # a calibrated RMS bound at or above this share of the output's RMS checks nothing
+SEPARATION = 2.0  # ... nor one where bf16's envelope (`fp64` coarse) errs less than this times TF32's
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps / 2
+
+
+@dataclass
+class Output:
+    """One output's rule and pooled error sums."""
+    spec: TensorSpec | None
+    mode: str  # "calibrated", "fixed", "exact" or "value" (a non-tensor output)
+    note: str = ""
+    n: int = 0
+    sq_t: float = 0.0
+    sq_r: float = 0.0
+    sq_c: float = 0.0
+    max_r: float = 0.0
+    max_c: float = 0.0
+    fixed_missed: int = 0
+    dtype: torch.dtype = torch.float32
+    n_e: int = 0  # the default-precision envelope (`fp64`: the reference with TF32 convolutions), pooled
+    sq_e: float = 0.0
+    max_e: float = 0.0
+    n_b: int = 0  # the bf16 envelope (`fp64`'s `coarse`: only where the TF32 envelope errs by percents), pooled
+    sq_b: float = 0.0
+    random: int = 0  # random draws the reference's float64 calls made (`fp64`): nondeterministic
+    tf32: bool = False  # judged by the fixed rule, its reference's convolutions in TF32: `precision.TF32_FIXED`
+
+    @property
+    def scale(self) -> float:
+        return math.sqrt(self.sq_t / self.n) if self.n else 0.0
+
+    def errors(self) -> dict:
+        rms = lambda s: math.sqrt(s / self.n) if self.n else 0.0  # noqa: E731
+        return dict(rms_r=rms(self.sq_r), rms_c=rms(self.sq_c), max_r=self.max_r, max_c=self.max_c,
+                    rms_e=math.sqrt(self.sq_e / self.n_e) if self.n_e else 0.0, max_e=self.max_e,
+                    rms_b=math.sqrt(self.sq_b / self.n_b) if self.n_b else 0.0)
+
+    def noisy(self) -> bool:
+        """The reference errs beyond `CAP` of the output's RMS (it needs a named reason to calibrate)."""
+        return bool(self.n) and self.sq_r > (max(CAP, 64 * unit_roundoff(self.dtype)) ** 2) * self.sq_t
+
+    def bounds(self, factor: float) -> tuple[float, float, float]:
+        """(F used, RMS bound, max bound), absolute: F times the reference's own error, or the error its
+        convolutions would have in TF32 where the platform's defaults allow that (the envelope), if larger. A
+        noisy reference calibrated by its envelope (module docstring) has its RMS bound at most halfway, on a log
+        scale, between that error and bf16's envelope: where TF32 alone errs by percents, 6x it reaches bf16."""
+        f = factor * max(1.0, math.sqrt(SMALL_N / max(self.n, 1)))
+        floor = FLOOR_ULPS * unit_roundoff(self.dtype) * max(self.scale, torch.finfo(self.dtype).tiny)
+        e = self.errors()
+        own = max(e["rms_r"], e["rms_e"])
+        b_rms = f * own
+        if self.noisy() and e["rms_b"] > own:
+            b_rms = min(b_rms, math.sqrt(own * e["rms_b"]))
+        return f, b_rms + floor, MAX_FACTOR * f * max(e["max_r"], e["max_e"]) + floor
+
+    def usage(self, factor: float) -> float:
+        """How much of the bound the candidate used (<= 1 passes)."""
+        _, b_rms, b_max = self.bounds(factor)
+        e = self.errors()
+        ratio = lambda err, bound: err / bound if bound > 0 else (math.inf if err > 0 else 0.0)  # noqa: E731
+        return max(ratio(e["rms_c"], b_rms), ratio(e["max_c"], b_max))
+
+    def passes(self, factor: float) -> bool:
+        return self.usage(factor) <= 1.0
+
+    def uncalibratable(self, factor: float) -> str:
+        """Why the reference cannot calibrate this output ("" when it can; module docstring)."""
+        if not self.n:
+            return ""
+        e, s = self.errors(), max(self.scale, 1e-30)
+        if not self.noisy():
+            return ""  # (random draws that change little, dropout with p=0 say, calibrate as before)
+        if self.random:
+            return (f"the reference differs from its float64 self by {e['rms_r'] / s:.2g} of the output's RMS and "
+                    f"draws random numbers in its forward ({self.random} random ops): nondeterministic")
+        if not (self.n_e and e["rms_r"] <= ENVELOPE_EXPLAINS * e["rms_e"]):
+            return (f"the reference differs from its float64 self by {e['rms_r'] / s:.2g} of the output's RMS "
+                    "(nondeterministic or ill-conditioned reference)")
+        own = max(e["rms_r"], e["rms_e"])
+        if factor * own >= MEANINGFUL * s or e["rms_b"] < SEPARATION * own:
+            bf16 = f", with bf16 convolutions {e['rms_b'] / s:.2g}" if self.n_b else ""
+            return (f"the reference differs from its float64 self by {e['rms_r'] / s:.2g} of the output's RMS, "
+                    f"with TF32 convolutions {e['rms_e'] / s:.2g}{bf16} (ill-conditioned: no bound between its own "
+                    "error and bf16's)")
+        return ""
+
+    def describe(self, factor: float, where: str) -> str:
+        f, b_rms, b_max = self.bounds(factor)
+        e, s = self.errors(), max(self.scale, 1e-30)
+        env = (f" (with its convolutions in TF32, cuDNN's default: {e['rms_e'] / s:.3g} RMS, {e['max_e'] / s:.3g} max)"
+               if self.n_e else "")
+        return (f"{where}error vs the float64 reference {e['rms_c'] / s:.3g} RMS, {e['max_c'] / s:.3g} max beyond "
+                f"{FLOOR_ULPS} ulps (relative "
+                f"to the output's RMS {self.scale:.3g}); the reference's own fp32 error {e['rms_r'] / s:.3g} RMS, "
+                f"{e['max_r'] / s:.3g} max{env}; allowed {b_rms / s:.3g} RMS, {b_max / s:.3g} max ({f:.3g}x the "
+                f"reference's error + a {FLOOR_ULPS}-ulp floor): less precise than the reference computes")
