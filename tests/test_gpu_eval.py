@@ -199,3 +199,29 @@ def test_device_lock_scope_on_gpu(which, cuda_cold_and_warm):
     again = evaluate(TASK, cand, lock_scope="device", **{**OPTS, "timing": False, "timeout_s": 60.0})
     assert again.status == "correct", f"{again.status}/{again.reasons}: {again.message[:3000]}"
     assert again.phases_s["wait_device"] < 5.0, again.phases_s
+
+
+def test_a_deep_train_mode_cnn_compiled_is_correct_and_bf16_is_not(tmp_path):
+    """Issue 16: torch.compile of KernelBench's train-mode ResNet101 and MobileNetV2 was `value_mismatch` on an H100:
+    TF32 convolutions put the reference itself 4-7% from float64, past the 1% beyond which the rule fell back to the
+    fixed 1e-4. The TF32 envelope now calibrates such a reference, with the RMS bound at most halfway to a bf16
+    envelope: inductor's honest rewrite is correct, the same network under bf16 autocast is not."""
+    from kernelcraft.bench import baselines
+
+    task = FIXTURES / "tasks" / "gpu_deep_bn_cnn.py"
+    compiled = tmp_path / "inductor.py"
+    compiled.write_text(baselines.source(task.read_text(), "inductor"))
+    opts = {**OPTS, "timing": False, "timeout_s": 300.0}
+    v = evaluate(task, compiled, **opts)
+    assert v.status == "correct", f"{v.status}/{v.reasons}: {v.message[:3000]} {v.correctness}"
+    assert v.correctness.rule == "calibrated", v.correctness
+    bf16 = tmp_path / "bf16.py"
+    source = task.read_text().split("\nbatch_size")[0].replace("class Model(", "class ModelNew(")
+    bf16.write_text(source.replace("        return self.head(self.body(x).mean(dim=(2, 3)))",
+                                   "        with torch.autocast('cuda', dtype=torch.bfloat16):\n"
+                                   "            y = self.head(self.body(x).mean(dim=(2, 3)))\n"
+                                   "        return y.float()"))
+    assert "autocast" in bf16.read_text()
+    v = evaluate(task, bf16, **opts)
+    assert v.status == "incorrect" and v.reasons[0] in ("value_mismatch", "precision_downgrade"), \
+        f"{v.status}/{v.reasons}: {v.message[:2000]}"

@@ -214,7 +214,16 @@ def check_verdict(v, expect: Expect, spec: Spec) -> None:
 @pytest.mark.parametrize("spec,screen", cases(hack_files("cpu")))
 def test_hack_denied(spec: Spec, screen: bool, cache_dir):
     v = run_fixture(spec, screen, "cpu", cache_dir)
-    check_verdict(v, spec.expectation(screen), spec)
+    expect = spec.expectation(screen)
+    if expect.status is None and _shows_gain(v, expect):
+        # a no-gain hack must not gain systematically: one run on a loaded 2-core host can read 2.4x within-run on
+        # ~1 ms calls (its reported interval, 0.16-130x, said "host too noisy"); a real gain shows again
+        v = run_fixture(spec, screen, "cpu", cache_dir)
+    check_verdict(v, expect, spec)
+
+
+def _shows_gain(v, expect: Expect) -> bool:
+    return v.status == "correct" and v.speedup is not None and v.speedup > expect.max_speedup
 
 
 @pytest.mark.parametrize("spec,screen", cases(legit_files("cpu")))

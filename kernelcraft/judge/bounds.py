@@ -102,8 +102,8 @@ class Output:
         if not (self.n_e and e["rms_r"] <= ENVELOPE_EXPLAINS * e["rms_e"]):
             return (f"the reference differs from its float64 self by {e['rms_r'] / s:.2g} of the output's RMS "
                     "(nondeterministic or ill-conditioned reference)")
-        own = max(e["rms_r"], e["rms_e"])
-        if factor * own >= MEANINGFUL * s or e["rms_b"] < SEPARATION * own:
+        own, (_, b_rms, _) = max(e["rms_r"], e["rms_e"]), self.bounds(factor)  # (the bound between TF32 and bf16)
+        if b_rms >= MEANINGFUL * s or e["rms_b"] < SEPARATION * own:
             bf16 = f", with bf16 convolutions {e['rms_b'] / s:.2g}" if self.n_b else ""
             return (f"the reference differs from its float64 self by {e['rms_r'] / s:.2g} of the output's RMS, "
                     f"with TF32 convolutions {e['rms_e'] / s:.2g}{bf16} (ill-conditioned: no bound between its own "
@@ -113,10 +113,12 @@ class Output:
     def describe(self, factor: float, where: str) -> str:
         f, b_rms, b_max = self.bounds(factor)
         e, s = self.errors(), max(self.scale, 1e-30)
+        between = (f", the RMS at most halfway to bf16's {e['rms_b'] / s:.3g}"
+                   if self.noisy() and e["rms_b"] > max(e["rms_r"], e["rms_e"]) else "")
         env = (f" (with its convolutions in TF32, cuDNN's default: {e['rms_e'] / s:.3g} RMS, {e['max_e'] / s:.3g} max)"
                if self.n_e else "")
         return (f"{where}error vs the float64 reference {e['rms_c'] / s:.3g} RMS, {e['max_c'] / s:.3g} max beyond "
                 f"{FLOOR_ULPS} ulps (relative "
                 f"to the output's RMS {self.scale:.3g}); the reference's own fp32 error {e['rms_r'] / s:.3g} RMS, "
                 f"{e['max_r'] / s:.3g} max{env}; allowed {b_rms / s:.3g} RMS, {b_max / s:.3g} max ({f:.3g}x the "
-                f"reference's error + a {FLOOR_ULPS}-ulp floor): less precise than the reference computes")
+                f"reference's error{between} + a {FLOOR_ULPS}-ulp floor): less precise than the reference computes")
