@@ -735,6 +735,12 @@ def test_a_tf32_reference_judged_without_truth_is_held_to_tf32s_fixed_bound():
     assert not res.ok and res.reasons == ["value_mismatch"]
     res, rule = judge(tf32, False)  # no convolutions in TF32: the fixed rule as before
     assert not res.ok and rule.timed_tolerance(None, None) == (None, None)
+    # with truth but no TF32 envelope (its second float64 call failed), the timed rounds get TF32's bound too
+    _, _, truth = _conv_case()
+    rule = precision.Rule({"precision": "calibrated"}, [TensorSpec.of(ref)], torch.device("cpu"), reference=None,
+                          tf32_convolutions=True)
+    assert rule.trial(ref, ref.clone(), [truth], compare_outputs(ref, ref), None, None).ok
+    assert rule.timed_tolerance(None, None)[0] == precision.TF32_FIXED
 
 
 def test_a_partial_key_cache_is_caught_by_its_repeat_where_the_tolerance_is_too_wide(cache_dir):
