@@ -71,3 +71,18 @@ def test_round_order_splits_rounds_by_which_side_went_first(tmp_path):
     assert out.count("judge's speedup") == 2 and "rep 1:" in out, out
     assert out.count("reference first  n=") == 2 and out.count("candidate first  n=") == 2, out
     assert "first call of a round" in out, out
+
+
+def test_precision_envelopes_explains_a_deep_networks_error(tmp_path):
+    """benchmarks/precision_envelopes.py on the GPU suite's deep train-mode CNN, on the CPU: exact-ish fp32, a TF32
+    envelope of percents, bf16 several times that, no random ops (BENCHMARKS.md, eleventh session)."""
+    import json
+
+    r = _script(tmp_path, "precision_envelopes.py", str(ROOT / "tests" / "fixtures" / "tasks" / "gpu_deep_bn_cnn.py"),
+                "--device", "cpu", "--json", str(tmp_path / "rows.jsonl"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = json.loads((tmp_path / "rows.jsonl").read_text().splitlines()[0])
+    assert row["random_ops"] == 0 and row["convolutions"] == 40, row
+    assert row["ref_tf32_off"]["rms"] < 1e-3 < 1e-2 < row["envelope_tf32"]["rms"], row
+    assert row["bf16_over_tf32"] > 2, row
+    assert "| task |" in r.stdout
