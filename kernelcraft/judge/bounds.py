@@ -73,11 +73,18 @@ class Output:
         f = factor * max(1.0, math.sqrt(SMALL_N / max(self.n, 1)))
         floor = FLOOR_ULPS * unit_roundoff(self.dtype) * max(self.scale, torch.finfo(self.dtype).tiny)
         e = self.errors()
-        own = max(e["rms_r"], e["rms_e"])
-        b_rms = f * own
-        if self.noisy() and e["rms_b"] > own:
-            b_rms = min(b_rms, math.sqrt(own * e["rms_b"]))
+        b_rms = f * max(e["rms_r"], e["rms_e"])
+        halfway = self.halfway()
+        if halfway is not None:
+            b_rms = min(b_rms, halfway)
         return f, b_rms + floor, MAX_FACTOR * f * max(e["max_r"], e["max_e"]) + floor
+
+    def halfway(self) -> float | None:
+        """A noisy reference's RMS error halfway, on a log scale, to bf16's envelope (None where that does not
+        apply: a reference within `CAP`, or no bf16 envelope beyond its own error)."""
+        e = self.errors()
+        own = max(e["rms_r"], e["rms_e"])
+        return math.sqrt(own * e["rms_b"]) if self.noisy() and e["rms_b"] > own else None
 
     def usage(self, factor: float) -> float:
         """How much of the bound the candidate used (<= 1 passes)."""
@@ -113,8 +120,7 @@ class Output:
     def describe(self, factor: float, where: str) -> str:
         f, b_rms, b_max = self.bounds(factor)
         e, s = self.errors(), max(self.scale, 1e-30)
-        between = (f", the RMS at most halfway to bf16's {e['rms_b'] / s:.3g}"
-                   if self.noisy() and e["rms_b"] > max(e["rms_r"], e["rms_e"]) else "")
+        between = f", the RMS at most halfway to bf16's {e['rms_b'] / s:.3g}" if self.halfway() is not None else ""
         env = (f" (with its convolutions in TF32, cuDNN's default: {e['rms_e'] / s:.3g} RMS, {e['max_e'] / s:.3g} max)"
                if self.n_e else "")
         return (f"{where}error vs the float64 reference {e['rms_c'] / s:.3g} RMS, {e['max_c'] / s:.3g} max beyond "

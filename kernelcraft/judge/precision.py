@@ -46,8 +46,9 @@ Design decisions
   the honest output accepted in the trials is accepted in timing, also when cuDNN moves the reference to
   another algorithm (TF32 or not) once the trials' memory is released, and a stale one is still wrong by far
   more. Where the reference's convolutions may run in TF32 and no envelope says how far that goes (its float64
-  call failed), the timed rounds allow TF32's fixed bound (`TF32_FIXED`). (It was 4x the bound's worst case, 2F x the reference's max error: with a reference that errs by 4-7%
-  of its RMS, as TF32 through a deep network does, that let a stale answer through.)
+  call failed), the timed rounds allow TF32's fixed bound (`TF32_FIXED`). (It was 4x the bound's worst case,
+  2F x the reference's max error: with a reference that errs by 4-7% of its RMS, as TF32 through a deep network
+  does, that let a stale answer through.)
 - Not every trial needs the truth (`wants_truth`): the first `TRUTH_TRIALS` fresh trials get it, later ones only
   while some calibrated output has pooled fewer than `TRUTH_ELEMENTS` elements (a 128x1024 softmax gets it in all
   five; a 64M-element output in two, 2 x 32M sampled elements fix its RMS to far better than 1%). The float64
@@ -144,7 +145,8 @@ class Rule:
         for o in outs:
             if o.mode == "calibrated":
                 o.mode, o.note = "fixed", note
-                o.tf32 = tf32 = self.tf32_convolutions and o.dtype == torch.float32
+                o.tf32 = self.tf32_convolutions and o.dtype == torch.float32
+                tf32 = tf32 or o.tf32
         self._note(note + ": judged by the fixed rule" + (
             f" (its convolutions may run in TF32, cuDNN's default: within {TF32_FIXED:g} where 1e-4 is missed)"
             if tf32 else ""))

@@ -18,6 +18,7 @@ Design decisions
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_map
 
 from kernelcraft.judge import partial, precision, tripwires
 from kernelcraft.judge.arena import total_bytes
@@ -77,7 +78,7 @@ def run_trials(ev) -> None:
             partials["partial_skipped"] += 1
             continue
         if moved:  # the judge's copies went to host memory: so do the answers it keeps
-            prev, prev_ref = _to_host(prev), _to_host(prev_ref)
+            prev, prev_ref = _tensors(prev, torch.Tensor.cpu), _tensors(prev_ref, torch.Tensor.cpu)
         cmp = compare_outputs(ref_out, cand_out, p["atol"], p["rtol"], on=ev.device)
         cmp = rule.trial(ref_out, cand_out, truth, cmp, p["atol"], p["rtol"])
         if cmp.ok and share is not None and prev is not None and prev_ref is not None \
@@ -100,7 +101,8 @@ def run_trials(ev) -> None:
         ev.result["correctness"].update(passed=passed, **partials)
         # kept only as a copy: a large output read in place (`Evaluation.in_place`) is poisoned by the next trial
         prev = cand_out if keeps_answers(ev) else None
-        prev_ref = _copy(ref_out) if prev is not None and t + 1 < len(shares) and shares[t + 1] is not None else None
+        before_partial = prev is not None and t + 1 < len(shares) and shares[t + 1] is not None
+        prev_ref = _tensors(ref_out, torch.Tensor.clone) if before_partial else None  # (a view of its arena)
         ref_out = cand_out = None
     final = rule.final()
     ev.result["correctness"].update(rule.record())
@@ -118,17 +120,9 @@ def run_trials(ev) -> None:
                           phase="check")
 
 
-def _to_host(out):
-    if isinstance(out, torch.Tensor):
-        return out.cpu()
-    return type(out)(_to_host(x) for x in out) if isinstance(out, (list, tuple)) else out
-
-
-def _copy(out):
-    """A copy of an output (the reference's is a view of its arena, rewritten by the next trial)."""
-    if isinstance(out, torch.Tensor):
-        return out.clone()
-    return type(out)(_copy(x) for x in out) if isinstance(out, (list, tuple)) else out
+def _tensors(out, fn):
+    """`out` (a tensor, a tuple/list of them, None) with `fn` applied to each tensor in it."""
+    return tree_map(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, out)
 
 
 def keeps_answers(ev) -> bool:
