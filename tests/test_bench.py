@@ -109,6 +109,29 @@ def test_metrics_definitions():
     assert empty["geomean_speedup_ci95"] is None and empty["fast_p_range"]["1"] is None
 
 
+def test_failures_the_reference_could_not_judge_are_counted_and_shown(monkeypatch):
+    """A failure with `unverifiable_reference` (an ill-conditioned or random reference: the fixed tolerance judged) is
+    still a failure in every rate, but counted apart, and the tables say "+N?" so a leaderboard reader can tell it
+    from wrong code."""
+    from rich.console import Console
+
+    from kernelcraft.cli import bench as cli_bench
+
+    rows = [{"correct": True, "speedup": 2.0, "reasons": []},
+            {"correct": False, "speedup": None, "reasons": ["value_mismatch", "unverifiable_reference"]},
+            {"correct": False, "speedup": None, "reasons": ["value_mismatch"]}]
+    m = metrics(rows)
+    assert (m["tasks"], m["correct"], m["unverifiable"]) == (3, 1, 1)
+    assert m["fast_p"]["0"] == 1 / 3 and math.isclose(m["geomean_speedup"], 2.0 ** (1 / 3))  # still a failure
+    console = Console(record=True, width=200)
+    monkeypatch.setattr(cli_bench, "out", console)
+    cli_bench._bench_table({"baselines_only": True, "source": "s", "tasks": 3, "device": "cpu",
+                            "baselines": {"summary": {"eager": {"tasks": 3}, "inductor": m}}})
+    text = console.export_text()
+    assert "1/3 (+1?)" in text and "unverifiable_reference" in text, text
+    assert metrics(rows[:1] + rows[2:])["unverifiable"] == 0
+
+
 def test_metrics_intervals_from_the_per_task_cis():
     """The leaderboard row's error bars: fast_p as the range the per-task CIs allow, the geomean's CI from each
     task's log-speedup spread (failures: 1.0, no spread)."""

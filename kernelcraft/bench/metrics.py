@@ -2,7 +2,9 @@
 
 Design decisions
 - `metrics`, over the scored items (all items but input errors), overall and per level:
-  - `correct`, `correct_rate`;
+  - `correct`, `correct_rate`; `unverifiable`: failures whose reference could not judge them (a second reason,
+    `unverifiable_reference`: it draws random numbers or is ill-conditioned in fp32, so the fixed tolerance judged
+    and an honest rewrite may fail) — a leaderboard reader tells those from wrong code;
   - `fast_p` for p in 0, 0.5, 0.8, 1, 1.5, 2 = the fraction of *all* scored items that are correct
     and have speedup > p (KernelBench's definition; fast_0 is the correctness rate);
   - `geomean_speedup` / `median_speedup` (the contract's keys) are over *all* scored items with every
@@ -33,6 +35,7 @@ from pathlib import Path
 from kernelcraft.bench import baselines as bl
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.sources import Item, Source
+from kernelcraft.judge.bounds import UNVERIFIABLE
 
 Z95 = 1.959963984540054  # two-sided 95% of a normal
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
@@ -94,7 +97,8 @@ def metrics(rows: list[dict], *, vs_compile: bool = False) -> dict:
             f"median_speedup{suffix}_correct": median([r[key] for r in ok]),
         }
 
-    m = {"tasks": n, "correct": len(ok), "correct_rate": len(ok) / n if n else None, **block("speedup", "")}
+    m = {"tasks": n, "correct": len(ok), "correct_rate": len(ok) / n if n else None,
+         "unverifiable": sum(UNVERIFIABLE in (r.get("reasons") or []) for r in rows), **block("speedup", "")}
     if vs_compile:
         m.update(block("speedup_vs_compile", "_vs_compile"))
     return m
@@ -172,7 +176,7 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
         for sha in shas:
             r = base.get((sha, b)) or {}
             brows.append({"level": levels.get(sha), "correct": r.get("status") == "correct" and r.get("speedup") is not None,
-                          "speedup": r.get("speedup")})
+                          "speedup": r.get("speedup"), "reasons": r.get("reasons") or []})
         base_summary[b] = {**metrics(brows), "by_level": _by_level(brows, False)}
     return {
         "source": source.spec, "kind": source.kind, "out": str(out), "device": devname,

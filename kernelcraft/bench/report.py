@@ -237,6 +237,11 @@ def render(summary: dict) -> str:
                   ("geomean (correct)", _x(s.get("geomean_speedup_correct")))]
         if s.get("fast_p_vs_compile"):
             cards.append(("fast<sub>1</sub> vs compile", _pct(s["fast_p_vs_compile"].get("1"))))
+    unverifiable = s.get("unverifiable") if scored else sum((m or {}).get("unverifiable") or 0  # the baselines'
+                                                             for m in (b.get("summary") or {}).values())
+    if unverifiable:
+        cards.append(("unverifiable", f"{unverifiable} <span class='muted' style='font-size:12px;display:block'>"
+                      "failures the reference could not judge</span>"))
     if s.get("input_errors"):
         cards.append(("input errors", f"<span class='bad'>{s['input_errors']}</span>"))
     proto = s.get("protocol") or {}

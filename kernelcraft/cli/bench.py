@@ -93,9 +93,12 @@ def _bench_table(s: dict) -> None:
             if name == "eager":
                 continue
             fp = m["fast_p"] or {}
-            t.add_row(name, f"{m['correct']}/{m['tasks']}", _fx(m["geomean_speedup_correct"]),
+            t.add_row(name, f"{m['correct']}/{m['tasks']}" + _unverifiable(m), _fx(m["geomean_speedup_correct"]),
                       _fx(m["median_speedup_correct"]), _fpct(fp.get("1")), _fpct(fp.get("2")))
         out.print(t)
+        if any(m.get("unverifiable") for m in s["baselines"]["summary"].values()):
+            out.print("[dim](+N?): N failures whose reference could not judge them (unverifiable_reference: it draws "
+                      "random numbers or is ill-conditioned in fp32)[/dim]")
         return
     keys = list(s["fast_p"])
     t = Table(title=f"bench — {s['source']} ({s['device']})")
@@ -110,15 +113,21 @@ def _bench_table(s: dict) -> None:
         fp = m[f"fast_p{sfx}"]
         ci = m.get(f"geomean_speedup{sfx}_ci95")
         geo = _fx(m[f"geomean_speedup{sfx}"]) + (f" [{_fx(ci[0])}–{_fx(ci[1])}]" if ci and ci[0] != ci[1] else "")
-        t.add_row(label, str(m["tasks"]), str(m["correct"]), *[_fpct(fp[k]) for k in keys],
+        t.add_row(label, str(m["tasks"]), str(m["correct"]) + _unverifiable(m), *[_fpct(fp[k]) for k in keys],
                   geo, _fx(m[f"median_speedup{sfx}"]), _fx(m[f"geomean_speedup{sfx}_correct"]))
     out.print(t)
     out.print("[dim]fP: correct and speedup > P, over all tasks · geomean/median: all tasks, failures as 1.0, "
               "[CI from the per-task CIs] · geo ok: correct tasks only · /compile: against each task's best "
-              "correct torch.compile baseline[/dim]")
+              "correct torch.compile baseline · (+N?): N failures whose reference could not judge them "
+              "(unverifiable_reference)[/dim]")
     st = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items(), key=lambda kv: -kv[1]))
     out.print(f"statuses: {st}" + (f" · [red]{s['input_errors']} input error(s) not scored[/red]"
                                     if s["input_errors"] else ""), highlight=False)
+
+
+def _unverifiable(m: dict) -> str:
+    """" (+N?)" where N failures came from a reference that could not judge them (`unverifiable_reference`)."""
+    return f" (+{m['unverifiable']}?)" if m.get("unverifiable") else ""
 
 
 def _fx(v) -> str:
