@@ -105,8 +105,9 @@ class Timing(BaseModel):
     host_ref_ms: float | None = None
     host_cand_ms: float | None = None
     spot_checks: int = 0
-    overhead_ms: float | None = Field(None, description="median round trip of an empty request (judge clock), "
-                                      "subtracted from both sides' samples")
+    overhead_ms: float | None = Field(None, description="median round trip of an empty request answered by the "
+                                      "reference's process (judge clock), subtracted from the reference's samples, "
+                                      "and from the candidate's unless its own (cand_overhead_ms) is smaller")
     hidden_work_ms: float | None = Field(None, description="GPU: median device time the candidate left running "
                                          "after answering, less the reference's (billed to the candidate)")
     clock: str | None = Field(None, description="whose clock took the samples: 'judge' (a process that runs no "
@@ -125,8 +126,9 @@ class Timing(BaseModel):
     between_run_sd: float | None = Field(None, description="the calibrated between-run standard deviation of the "
                                          "log speedup at these times (judge.reproduce.BETWEEN_RUN)")
     cand_overhead_ms: float | None = Field(None, description="median round trip of an empty request answered by "
-                                           "the candidate's process (evidence of the processes' footing; never "
-                                           "subtracted)")
+                                           "the candidate's process: subtracted from its samples where smaller "
+                                           "than overhead_ms (never where larger: a candidate cannot inflate it), "
+                                           "and evidence of the processes' footing")
     note: str | None = Field(None, description="'host too noisy: ...' when the CI cannot resolve the speedup "
                              "(judge.timing.noise_note), or candidate processes that disagree; the CLI warns")
 

@@ -129,6 +129,28 @@ def test_measure_subtracts_the_null_round_trip_from_both_sides():
     assert 2.2 < res.speedup < 3.8, res
 
 
+def null_pair(ref_ms: float, cand_ms: float):
+    """A `time_null` that times both sides' empty requests: (the reference's, the candidate's)."""
+    ref, cand = timed(lambda: spin(ref_ms)), timed(lambda: spin(cand_ms))
+    return lambda: (ref(), cand())
+
+
+def test_the_candidate_is_billed_its_own_null_where_it_is_the_smaller():
+    """A candidate process whose round trip costs 0.5 ms where the reference's costs 1 ms (a quieter core: the GPU's
+    52x outlier of the twelfth session) does 0.5 ms of work against the reference's 2 ms: 4x. With the reference's
+    null subtracted from both it read 1.0 - 1.0 = the resolution floor, 40x. A candidate that slows its own null
+    (3 ms) gains nothing: the larger null is never subtracted from it."""
+    honest = timing.measure(timed(lambda: spin(3.0)), timed(lambda: spin(1.0)), null_pair(1.0, 0.5), no_round,
+                            no_round, budget_s=3.0, target=0.03, min_rounds=10, warmup_s=0.02, seed=4)
+    assert 3.0 < honest.speedup < 5.5, honest
+    assert honest.cand_overhead_ms < honest.overhead_ms and "candidate's own where smaller" in honest.method
+    slowed = timing.measure(timed(lambda: spin(3.0)), timed(lambda: spin(1.5)), null_pair(1.0, 3.0), no_round,
+                            no_round, budget_s=3.0, target=0.03, min_rounds=10, warmup_s=0.02, seed=4)
+    assert 3.0 < slowed.speedup < 5.5 and slowed.cand_overhead_ms > 2.5, slowed
+    assert timing.measure(NULL, NULL, NULL, no_round, no_round, budget_s=0.05, target=0.5,
+                          warmup_s=0.0).cand_overhead_ms is None  # one null for both: nothing to record
+
+
 def test_measure_floors_differences_below_the_resolution():
     """Calls no slower than the null round trip: the ratio stays finite (both floored), not inf or negative."""
     res = timing.measure(timed(lambda: None), timed(lambda: None), timed(lambda: spin(0.2)),
@@ -275,7 +297,7 @@ def test_between_run_deviation_grows_as_times_shrink_against_the_round_trip():
 def test_a_reference_process_slow_at_everything_widens_the_lower_end_only():
     """The footing: when the reference's process answers its null round trip slower than the candidate's does, the
     run may overstate the candidate, so the lower end widens by the log of their ratio; a candidate that slows its
-    own null widens only its upper end (the subtracted overhead stays the reference's)."""
+    own null widens only its upper end (its own null is never subtracted where it is the larger)."""
     from kernelcraft.judge.reproduce import reproducible
 
     def run(cand_overhead):

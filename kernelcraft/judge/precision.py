@@ -40,8 +40,9 @@ Design decisions
   4-7% of the output's RMS from TF32 alone, 0.003-0.01% with TF32 off; torch.compile's honest rewrite was
   rejected by the fixed rule). That error is the platform's, so the envelope calibrates it as it does
   everywhere else, the RMS bound capped halfway to bf16's envelope (`Output.halfway`) -- a cap that holds for a
-  reference within 1% as well, since cuDNN may run its own convolutions in full fp32 on a draw. Either way, a bound that would accept an output off by `MEANINGFUL` of its RMS checks
-  nothing (EfficientNetB2 in train mode: 86% even in true fp32), and the fixed rule keeps today's verdicts.
+  reference within 1% as well, since cuDNN may run its own convolutions in full fp32 on a draw. Either way, a
+  bound that would accept an output off by `MEANINGFUL` of its RMS checks nothing (EfficientNetB2 in train
+  mode: 86% even in true fp32), and the fixed rule keeps today's verdicts.
   A candidate that then misses the fixed rule fails with a second reason, `unverifiable_reference`, and the
   message says why the reference could not judge it: an honest rewrite of an ill-conditioned or random
   reference is told apart from a wrong one by no rule, and the record must not read as if it were.

@@ -18,7 +18,9 @@ Design decisions
   reference's is slower than the candidate's (its process landed on a busy core: 0.18 against 0.08 ms on the
   2-core host, and the reference's own ReLU read 4.9x), the run may read the candidate too fast, and the lower
   end widens by the log of their ratio (the upper end, when it is the other way round). The candidate can only
-  widen its own upper end with it: the subtracted overhead stays the reference's.
+  widen its own upper end with it: its own null is subtracted from its samples only where it is the smaller
+  (`timing.measure`), which takes most of that overstatement out of the estimate itself; the lower end still
+  widens (two noisy medians of nulls are subtracted).
   The stopping rule (`timing.measure`) stops once this run's interval is within `timing.STOP_SHARE` of the
   between-run half-width: the reported interval is then within ~12% of what unlimited rounds would give.
 - `timing` measures and calls `reproducible` once per evaluation (`rounds.time_candidate`), and its stopping rule

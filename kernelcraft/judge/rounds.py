@@ -37,7 +37,6 @@ def time_candidate(ev) -> None:
     sampler = tripwires.SpotChecker(*tol)
     replies: dict[str, dict] = {}
     left = {"reference": [], "candidate": []}
-    cand_nulls: list[float] = []  # the candidate's own null round trips (`time_null`)
     run_msg = {"cmd": "run", "check": False}
     k = max(1, int(p.get("processes") or 1)) if ev.spawn_candidate is not None else 1
     procs = [ev.cand]  # the candidate's processes; more are started under the lock below (`siblings`)
@@ -72,16 +71,15 @@ def time_candidate(ev) -> None:
         left["candidate"].append(leftover)
         return ms
 
-    def time_null() -> float:
+    def time_null() -> tuple[float, float]:
         """Both sides get an empty request, in random order, so neither is the one touched last before the
-        next round (the most recently run process starts warm); only the reference's is the overhead —
-        the candidate could slow its own to inflate what is subtracted. The candidate's is kept as evidence of
-        the two processes' footing (`reproduce.reproducible`: it can only widen the candidate's interval)."""
+        next round (the most recently run process starts warm): (the reference's, the candidate's). The
+        candidate's is subtracted from its samples only where it is the smaller (`timing` — it could slow its own
+        to inflate what is subtracted), and is the processes' footing (`reproduce.reproducible`)."""
         cand = procs[order.current]
         order_ = [ev.ref, cand] if ev.rng.random() < 0.5 else [cand, ev.ref]
         got = {s.role: s.timed({"cmd": "null"}, clock)[0] for s in order_}
-        cand_nulls.append(got["candidate"])
-        return got["reference"]
+        return got["reference"], got["candidate"]
 
     def interval(ratios: list[float], firsts: list[bool]) -> tuple[float, float, float]:  # as the record will be
         if k == 1:
@@ -121,7 +119,7 @@ def time_candidate(ev) -> None:
     blocks = timing.split(run, order.who, k) if k > 1 else [run]
     med = lambda v: sorted(v)[len(v) // 2] if v else 0.0  # noqa: E731
     res = timing.combine(blocks)
-    res.cand_overhead_ms = med(cand_nulls[-run.samples:]) or None  # the timed rounds' nulls, not the warm-up's
+    res.cand_overhead_ms = run.cand_overhead_ms  # (`combine` builds a new result without it)
     res = reproduce.reproducible(res, ev.device.type)
     res.hidden_work_ms = med(left["candidate"]) - med(left["reference"])
     rec = res.record()

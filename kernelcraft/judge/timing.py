@@ -7,10 +7,15 @@ Design decisions
   synchronized its device in between; device work it left running after `done` is billed to it (also
   what ran while it was being frozen), and the other side's turn starts on an idle device. Nothing a
   side reports is a time.
-- Overhead is symmetric and stated: the same round trip with an empty request (`null`, answered by the
-  reference's process) is timed every round, and its median (`overhead_ms`) is subtracted from both
-  sides' samples before their ratio is taken; a difference below the clock's resolution is floored at
-  `RESOLUTION_FLOOR` of the overhead, so tiny kernels read as "too small to tell", not as infinite.
+- Overhead is stated and never the candidate's to claim: the same round trip with an empty request (`null`) is
+  timed every round in both processes, and the reference's median (`overhead_ms`) is subtracted from the
+  reference's samples; from the candidate's, the smaller of that and its own (`cand_overhead_ms`). A null is
+  trusted from the candidate only as bad news: a candidate that slows its own null gains nothing, and one whose
+  process answers faster (a quieter core, pinned there by itself or by chance) is billed for the time it
+  really took. With the reference's null alone, a GPU run whose reference process answered 0.92 ms against the
+  candidate's 0.81 read a 0.2 ms candidate as 0.05 ms, 52x where nine other runs read 10-19x. A difference
+  below the clock's resolution is floored at `RESOLUTION_FLOOR` of the overhead, so tiny kernels read as "too
+  small to tell", not as infinite.
 - One *round* times both sides once, in random order, on the same fresh input values; its ratio is a
   paired sample. The speedup is order-stratified (`balanced_ci`): the median ratio of the rounds where the
   reference went first and that of the rounds where the candidate did, combined as their geometric mean;
@@ -215,7 +220,7 @@ def measure(
         if i >= warmup_rounds - 1 and _perf_ns() > t_end:
             break
 
-    ref_h, cand_h, nulls, firsts = [], [], [], []
+    ref_h, cand_h, nulls, cand_nulls, firsts = [], [], [], [], []
     start = _perf_ns()
     deadline = start + int(budget_s * 1e9)
     hard_deadline = start + int(3 * max(budget_s, 1.0) * 1e9)  # min_rounds yields to this
@@ -224,9 +229,10 @@ def measure(
 
     def ratios_now():
         o = statistics.median(nulls)
+        o_cand = min(o, statistics.median(cand_nulls))  # the candidate's own null only where it is the smaller
         floor = max(RESOLUTION_FLOOR * o, 1e-6)
         refs = [max(r - o, floor) for r in ref_h]
-        cands = [max(c - o, floor) for c in cand_h]
+        cands = [max(c - o_cand, floor) for c in cand_h]
         return refs, cands, [r / c for r, c in zip(refs, cands)], o
 
     while rounds < max_rounds:
@@ -239,7 +245,9 @@ def measure(
             else:
                 c = time_cand()
                 r = time_ref()
-            nulls.append(time_null())
+            got = time_null()  # the reference's null, or (the reference's, the candidate's)
+            o_ref, o_cand = got if isinstance(got, tuple) else (got, got)
+            nulls.append(o_ref), cand_nulls.append(o_cand)
             check_round(rounds)
             ref_h.append(r), cand_h.append(c), firsts.append(ref_first)
             rounds += 1
@@ -260,13 +268,15 @@ def measure(
               "judge's idle probe), L2 flush, other side frozen; paired rounds in random order, speedup "
               "stratified by order, round-trip overhead subtracted" if cuda else "cpu: judge host clock around "
               "each side's round trip, other side frozen; paired rounds in random order, speedup stratified by "
-              "order, round-trip overhead subtracted")
+              "order, round-trip overhead subtracted") + (
+              " (the reference's null; the candidate's own where smaller)" if cand_nulls != nulls else "")
     return TimingResult(
         ref_ms=statistics.median(refs), cand_ms=statistics.median(cands), speedup=med, ci95=(lo, hi),
         samples=rounds, converged=converged, method=method,
         ref_spread_ms=_quartiles(refs), cand_spread_ms=_quartiles(cands),
         host_ref_ms=statistics.median(ref_h), host_cand_ms=statistics.median(cand_h),
-        spot_checks=rounds, overhead_ms=overhead, ref_samples=refs, cand_samples=cands, ref_first=firsts)
+        spot_checks=rounds, overhead_ms=overhead, ref_samples=refs, cand_samples=cands, ref_first=firsts,
+        cand_overhead_ms=statistics.median(cand_nulls) if cand_nulls != nulls else None)
 
 
 def spanning_ci(groups: list[tuple[list[float], list[bool]]]) -> tuple[float, float, float]:
