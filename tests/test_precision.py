@@ -763,7 +763,8 @@ def test_a_tf32_reference_judged_without_truth_is_held_to_tf32s_fixed_bound():
     assert compare_outputs(ref, tf32, atol, rtol).ok and not compare_outputs(ref, torch.zeros_like(ref), atol, rtol).ok
     res, _ = judge(bf16, True)
     assert not res.ok and res.reasons == ["value_mismatch"]  # no truth for want of memory: not the reference's fault
-    assert "atol=0.00390625" in res.message, res.message  # the message quotes the bound that judged
+    assert "atol=0.00390625" in res.message, res.message  # the message quotes the bound that judged,
+    assert res.atol == res.rtol == precision.TF32_FIXED  # and so does the record
     res, rule = judge(tf32, False)  # no convolutions in TF32: the fixed rule as before
     assert not res.ok and rule.timed_tolerance(None, None) == (None, None)
     # with truth but no TF32 envelope (its second float64 call failed), the timed rounds get TF32's bound too
