@@ -20,6 +20,8 @@ from kernelcraft.protocol import Protocol
 
 Status = Literal["correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected"]
 
+UNVERIFIABLE = "unverifiable_reference"  # the second reason of a fixed-rule failure the reference could not judge
+
 # Reason codes: the contract's, plus a few more specific ones (marked *).
 REASONS = {
     "parse_error": "the candidate is not valid Python",
@@ -38,7 +40,7 @@ REASONS = {
     "precision_downgrade": "* within the fixed tolerance, but less accurate against a float64 evaluation of the "
                            "reference than precision_factor x the reference's own error (fp16/bf16/TF32 work the "
                            "reference does not do)",
-    "unverifiable_reference": "* with value_mismatch: the reference differs from its own float64 evaluation too "
+    UNVERIFIABLE: "* with value_mismatch: the reference differs from its own float64 evaluation too "
                               "much to calibrate a precision rule (it draws random numbers, or is ill-conditioned "
                               "in fp32), so the fixed tolerance judged; an honest rewrite may fail here",
     "nan_or_inf": "NaN or Inf where the reference has none",

@@ -123,7 +123,7 @@ def test_failures_the_reference_could_not_judge_are_counted_and_shown(monkeypatc
     from kernelcraft.bench import metrics as bench_metrics
     from kernelcraft.judge import bounds
 
-    assert bench_metrics.UNVERIFIABLE == bounds.UNVERIFIABLE  # one code, spelled twice (the CLI imports no torch)
+    assert bench_metrics.UNVERIFIABLE == bounds.UNVERIFIABLE  # one code (verdict.py), read by the bench and the judge
     m = metrics(rows)
     assert (m["tasks"], m["correct"], m["unverifiable"]) == (3, 1, 1)
     assert m["fast_p"]["0"] == 1 / 3 and math.isclose(m["geomean_speedup"], 2.0 ** (1 / 3))  # still a failure

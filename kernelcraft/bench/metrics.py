@@ -35,9 +35,9 @@ from pathlib import Path
 from kernelcraft.bench import baselines as bl
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.sources import Item, Source
+from kernelcraft.verdict import UNVERIFIABLE
 
 Z95 = 1.959963984540054  # two-sided 95% of a normal
-UNVERIFIABLE = "unverifiable_reference"  # judge.bounds.UNVERIFIABLE (not imported: the CLI imports no torch)
 P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 P_KEYS = tuple(f"{p:g}" for p in P_VALUES)  # "0", "0.5", "0.8", "1", "1.5", "2"
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from kernelcraft.judge.arena import TensorSpec
+from kernelcraft.verdict import UNVERIFIABLE  # noqa: F401  (`precision` and the tests read it here)
 
 FLOOR_ULPS = 256  # 2^-16 of the output scale in fp32: fast-math transcendentals (~2^-18) pass, fp16/TF32 (2^-11) do not
 MAX_FACTOR = 2.0  # the max-error bound is MAX_FACTOR x F
@@ -23,7 +24,6 @@ CAP = 1e-2  # the reference's own relative RMS error beyond which it needs a nam
 ENVELOPE_EXPLAINS = 4.0  # ... such as the TF32 envelope erring at least 1/4 as much (cuDNN truncates, we round)
 MEANINGFUL = 0.5  # a calibrated RMS bound at or above this share of the output's RMS checks nothing
 SEPARATION = 2.0  # ... nor one where bf16's envelope (`fp64` coarse) errs less than this times TF32's
-UNVERIFIABLE = "unverifiable_reference"  # the second reason of a fixed-rule failure under such a reference
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

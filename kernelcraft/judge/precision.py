@@ -150,11 +150,15 @@ class Rule:
         for o in outs:
             if o.mode == "calibrated":
                 o.mode, o.note = "fixed", note
-                o.tf32 = self.tf32_convolutions and o.dtype == torch.float32
+                o.tf32 = self._tf32_exposed(o)
                 tf32 = tf32 or o.tf32
         self._note(note + ": judged by the fixed rule" + (
             f" (its convolutions may run in TF32, cuDNN's default: within {TF32_FIXED:g} where 1e-4 is missed)"
             if tf32 else ""))
+
+    def _tf32_exposed(self, o: Output) -> bool:
+        """An fp32 output of a reference whose convolutions may run in TF32 (`side.cmd_describe`)."""
+        return self.tf32_convolutions and o.dtype == torch.float32
 
     def _tf32_tolerance(self, atol, rtol) -> tuple[float, float]:
         """The fixed bound widened to TF32's (`TF32_FIXED`), for a TF32 reference judged without truth."""
@@ -346,8 +350,8 @@ class Rule:
     def timed_tolerance(self, atol, rtol) -> tuple:
         """(atol, rtol) for the timed rounds' checks: the fixed rule's, widened to what the trials accepted."""
         cal = [o for o in self.outputs if o.mode == "calibrated" and o.n]
-        if any(o.tf32 or (self.tf32_convolutions and o.mode == "calibrated" and o.n and not o.n_e
-                          and o.dtype == torch.float32) for o in self.outputs):  # TF32, no truth or envelope
+        if any(o.tf32 or (o.mode == "calibrated" and o.n and not o.n_e and self._tf32_exposed(o))
+               for o in self.outputs):  # TF32, no truth or envelope
             atol, rtol = self._tf32_tolerance(atol, rtol)
         if not cal:
             return atol, rtol

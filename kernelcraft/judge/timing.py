@@ -264,19 +264,20 @@ def measure(
             break
     refs, cands, ratios, overhead = ratios_now()
     med, lo, hi = balanced_ci(ratios, firsts)
+    own_nulls = cand_nulls != nulls  # `time_null` timed the candidate's process too
     method = ("cuda: judge host clock around each side's round trip (thaw, run, outputs copied, device sync, "
               "judge's idle probe), L2 flush, other side frozen; paired rounds in random order, speedup "
               "stratified by order, round-trip overhead subtracted" if cuda else "cpu: judge host clock around "
               "each side's round trip, other side frozen; paired rounds in random order, speedup stratified by "
               "order, round-trip overhead subtracted") + (
-              " (the reference's null; the candidate's own where smaller)" if cand_nulls != nulls else "")
+              " (the reference's null; the candidate's own where smaller)" if own_nulls else "")
     return TimingResult(
         ref_ms=statistics.median(refs), cand_ms=statistics.median(cands), speedup=med, ci95=(lo, hi),
         samples=rounds, converged=converged, method=method,
         ref_spread_ms=_quartiles(refs), cand_spread_ms=_quartiles(cands),
         host_ref_ms=statistics.median(ref_h), host_cand_ms=statistics.median(cand_h),
         spot_checks=rounds, overhead_ms=overhead, ref_samples=refs, cand_samples=cands, ref_first=firsts,
-        cand_overhead_ms=statistics.median(cand_nulls) if cand_nulls != nulls else None)
+        cand_overhead_ms=statistics.median(cand_nulls) if own_nulls else None)
 
 
 def spanning_ci(groups: list[tuple[list[float], list[bool]]]) -> tuple[float, float, float]:
