@@ -88,6 +88,9 @@ class Correctness(BaseModel):
     envelope_err: float | None = Field(None, description="calibrated, GPU: the reference's RMS error vs float64 with "
                                        "its convolutions in TF32 (cuDNN's default), relative; the bound uses it where "
                                        "it exceeds ref_err (judge/fp64.py)")
+    bf16_envelope_err: float | None = Field(None, description="calibrated, GPU, where envelope_err exceeds 0.25%: "
+                                            "the same with bf16 convolutions; the RMS bound stays 2/3 of the way "
+                                            "(log scale) from the TF32 envelope to it (judge/bounds.py)")
     partial_trials: int | None = Field(None, description="trials on the previous inputs with a few elements changed "
                                        "(same addresses) that passed")
     partial_skipped: int | None = Field(None, description="partial trials skipped: the reference failed on the "

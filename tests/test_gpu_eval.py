@@ -204,8 +204,9 @@ def test_device_lock_scope_on_gpu(which, cuda_cold_and_warm):
 def test_a_deep_train_mode_cnn_compiled_is_correct_and_bf16_is_not(tmp_path):
     """Issue 16: torch.compile of KernelBench's train-mode ResNet101 and MobileNetV2 was `value_mismatch` on an H100:
     TF32 convolutions put the reference itself 4-7% from float64, past the 1% beyond which the rule fell back to the
-    fixed 1e-4. The TF32 envelope now calibrates such a reference, with the RMS bound at most halfway to a bf16
-    envelope: inductor's honest rewrite is correct, the same network under bf16 autocast is not."""
+    fixed 1e-4. The TF32 envelope now calibrates such a reference, with the RMS bound at most 2/3 of the way to a
+    bf16 envelope: inductor's honest rewrite is correct, the same network under bf16 autocast is not, and not for
+    want of a bound (the network is deep enough for percents, not so deep that bf16 and TF32 blur)."""
     from kernelcraft.bench import baselines
 
     task = FIXTURES / "tasks" / "gpu_deep_bn_cnn.py"
@@ -223,5 +224,5 @@ def test_a_deep_train_mode_cnn_compiled_is_correct_and_bf16_is_not(tmp_path):
                                    "        return y.float()"))
     assert "autocast" in bf16.read_text()
     v = evaluate(task, bf16, **opts)
-    assert v.status == "incorrect" and v.reasons[0] in ("value_mismatch", "precision_downgrade"), \
+    assert v.status == "incorrect" and v.reasons in (["value_mismatch"], ["precision_downgrade"]), \
         f"{v.status}/{v.reasons}: {v.message[:2000]}"
