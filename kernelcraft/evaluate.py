@@ -96,26 +96,6 @@ def evaluate(
     return final
 
 
-def prewarm(task: "str | Path | Task", *, protocol: "Protocol | dict | None" = None, device: str | None = None,
-            cache_dir: str | os.PathLike | None = None, lock_scope: str = "timing", **knobs) -> bool:
-    """Start a judge for `task` on `device` and keep it idle with its reference imported and constructed, so
-    that the next `evaluate` of a candidate of this task (same protocol, device, cache and `lock_scope`'s
-    device lock) skips the judge's start: what a pool does while a task's first candidates build
-    (`serve.pool`). No candidate runs; True when a judge was kept (False where warm judges are off,
-    `KERNELCRAFT_WARM=0`, or the reference failed: its evaluations will say why). Options other than the
-    protocol's knobs are ignored, so a pool's submission options can be passed as they are."""
-    knobs = {k: v for k, v in knobs.items() if k in Protocol.model_fields}
-    dev, visible = devices.resolve(device)
-    proto = Protocol.make(protocol, **knobs).resolved(dev)
-    task = load_task(task)
-    root = runner.cache_root(cache_dir)
-    with _work_dir(root, "warm-", {"reference.py": task.source}) as work:
-        job = dict(task_path=str(work / "reference.py"), device=dev, protocol=proto.key(), cache_dir=str(root),
-                   lock_scope=lock_scope, lock_path=_lock_path(root, visible))
-        return runner.prewarm(job, work, root, visible, proto.timeout_s, proto.build_timeout_s,
-                              warm.key(task.sha256, dev, proto.key()))
-
-
 def remeasure_protocol(proto: Protocol, offset: int) -> Protocol:
     """A re-measure's rules: other weights (`seed`), and `REMEASURE_TRIALS` correctness trials, no partial ones.
 

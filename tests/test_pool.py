@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from kernelcraft.judge import warm
 from kernelcraft.protocol import ProtocolError
 from kernelcraft.serve.pool import LocalBackend, Pool, gpu_slots
 from kernelcraft.judge.runner import WorkerOutcome
@@ -91,71 +90,6 @@ def test_build_slots_compile_before_timing_and_hits_skip_the_build(cache_dir):
     assert stats["build_cache"]["builds"] == 1 and stats["build_cache"]["hits"] == 1
     assert stats["build_cache"]["hit_rate"] == 0.5
     assert list((Path(cache_dir) / "prebuilt").iterdir()), "a prebuilt marker was left"
-
-
-class SlowBuildBackend(RecordingBackend):
-    """The real local backend whose build slot takes as long as the warm-up it started (an nvcc build does, and
-    longer): it returns once a judge is idle, or after 60 s."""
-
-    def build_slot(self, index):
-        def run(cand, arch, opts):
-            self.calls.append(("build", cand.sha256))
-            deadline = time.monotonic() + 60
-            while warm.idle_count() == 0 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            return None  # built (the candidate is plain PyTorch: its "load_inline" is a comment)
-        return run
-
-    def prewarm(self, task, device, opts):
-        self.calls.append(("prewarm", device))
-        return super().prewarm(task, device, opts)
-
-
-def test_judges_start_while_the_first_candidates_build(tmp_path):
-    """Issue 15: a pool's first verdicts waited for the build and then for a judge's start (its processes, the
-    reference's import and construction): 3-5 s on an H200 with four cold judges per GPU. A real build is now
-    the window in which a judge starts: the first evaluation after it finds the judge warm, and judges as it
-    always does (a wrong candidate on a warmed-up judge is still wrong). At most `per_device` warm-ups per
-    task and device."""
-    warm.discard_all()
-    backend = SlowBuildBackend(tmp_path)
-    ok = (FIXTURES / "legit" / "torch_elementwise.py").read_text() + "\n# load_inline (a comment)\n"
-    wrong = ok.replace("torch.add(b, a, alpha=self.alpha)", "torch.add(b, a, alpha=self.alpha) + 1")
-    assert wrong != ok
-    try:
-        with Pool("cpu", per_device=1, build_workers=2, backend=backend, **QUICK) as pool:
-            first = pool.submit(TINY, ok).result(timeout=300)
-            bad = pool.submit(TINY, wrong).result(timeout=300)
-    finally:
-        warm.discard_all()
-    assert first.status == "correct", f"{first.status}/{first.reasons}: {first.message}"
-    assert first.env.reference == "warm", first.env
-    assert bad.status == "incorrect", f"{bad.status}/{bad.reasons}: {bad.message}"
-    assert [c for c in backend.calls if c[0] == "prewarm"] == [("prewarm", "cpu")], backend.calls  # one slot
-
-
-def test_prewarms_are_bounded_per_task_and_device():
-    from kernelcraft.serve.prewarm import Prewarmer
-    from kernelcraft.protocol import Protocol
-    from kernelcraft.task import load_task
-
-    calls = []
-
-    class Backend:
-        def prewarm(self, task, device, opts):
-            calls.append(device)
-
-    pw = Prewarmer(Backend(), per_device=2)
-    task, opts = load_task(TINY), {"protocol": Protocol.make(None), "lock_scope": "device"}
-    for _ in range(5):
-        pw.note(task, opts, ["cuda:0", "cuda:1"])
-    pw.note(task, {**opts, "protocol": Protocol.make(None, seed=7)}, ["cuda:0"])  # another protocol: its own
-    deadline = time.monotonic() + 10
-    while len(calls) < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)
-    assert sorted(calls) == ["cuda:0"] * 3 + ["cuda:1"] * 2, calls
-    Prewarmer(object(), per_device=2).note(task, opts, ["cuda:0"])  # a backend without prewarm: nothing
 
 
 # -- scheduler logic, with a fake backend ------------------------------------------------------------

@@ -70,28 +70,6 @@ def test_candidates_of_one_task_reuse_the_reference():
     assert wrong.status == "incorrect" and wrong.env.reference == "warm"
 
 
-def test_a_judge_warmed_up_without_a_candidate_judges_the_next_one(monkeypatch):
-    """`evaluate.prewarm` (what a pool does while a task's candidates build): a judge with the reference
-    imported and constructed, kept idle; the next candidate of the task takes it and is judged as on any judge.
-    A task that fails, or warm judges switched off: nothing kept, False."""
-    from kernelcraft.evaluate import prewarm
-
-    assert prewarm(TASK, device="cpu", trials=3, time_budget_s=0.2, min_rounds=3, remeasure_above=None,
-                   keep_workdir=False)  # (a pool's other submission options are ignored)
-    assert warm.idle_count() == 1
-    v = _eval(TASK, MIRROR)
-    assert v.status == "correct" and v.env.reference == "warm", (v.status, v.message, v.env)
-    assert v.correctness.trials == 3 and v.timing is not None
-    assert _eval(TASK, WRONG).status == "incorrect"
-    other = _eval(TASK, MIRROR, seed=99)  # another protocol: not this judge
-    assert other.env.reference == "fresh"
-    warm.discard_all()
-    assert not prewarm(TASK.replace("return []", "raise RuntimeError('no init')"), device="cpu")
-    assert warm.idle_count() == 0
-    monkeypatch.setenv(warm.ENV_SWITCH, "0")
-    assert not prewarm(TASK, device="cpu") and warm.idle_count() == 0
-
-
 def test_another_protocol_or_task_gets_its_own_judge():
     _eval(TASK, MIRROR)
     other_seed = _eval(TASK, MIRROR, seed=1234)

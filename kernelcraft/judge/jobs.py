@@ -10,9 +10,6 @@ Design decisions
   arena set-up; its reference is `reset` to its constructed state first. Every job gets a fresh candidate
   side, and everything the last candidate left among the judge's children is killed before the result goes
   out.
-- A `warmup` job has no candidate (`runner.prewarm`: a pool starts judges while a task's first candidates
-  build): the reference is imported, constructed and described and its arenas made (`Evaluation.warm_up`), and
-  the judge is kept as after any job, so the first verdicts after the builds do not wait for a judge's start.
 - A job is not kept when its verdict puts the reference or the judge in doubt (`NOT_REUSABLE`: task or
   harness errors, tampering with a peer), on a timeout, or when the reference or the forker died: the judge
   then kills both and exits after sending the result, as a one-shot worker does. Nor when its task's inputs
@@ -126,27 +123,28 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
     try:
         if sides_error is not None:
             raise Reject("runtime_error", ["harness_error"], f"kernelcraft could not start the sides: {sides_error}")
-        if job.get("warmup"):  # no candidate: the reference made ready for the next job (`Evaluation.warm_up`)
-            ev = evaluation_cls(job, chan, {"reference": ref, "candidate": None}, hardening, warm)
-            result = ev.warm_up()
+        try:
+            cand = SideProc.from_forker(forker, cwd=job.get("cwd") or os.getcwd(), log_path=job.get("log_path"),
+                                        tag=job.get("tag"), protected=[os.getpid(), ref.pid, forker.pid])
+            hardening["candidate"] = cand.request({"cmd": "hello"}).get("hardening")
+        except (OSError, Reject) as e:
+            raise Reject("runtime_error", ["harness_error"], f"kernelcraft could not start the candidate's side: "
+                         f"{getattr(e, 'message', e)}") from None
+        sides = {"reference": ref, "candidate": cand}
+        if job.get("probe") or job.get("build_only"):
+            ev = Single(job, chan, sides)
+            result = ev.probe() if job.get("probe") else ev.build_only()
         else:
-            cand = _candidate_side(job, forker, ref, hardening)
-            sides = {"reference": ref, "candidate": cand}
-            if job.get("probe") or job.get("build_only"):
-                ev = Single(job, chan, sides)
-                result = ev.probe() if job.get("probe") else ev.build_only()
-            else:
-                ev = evaluation_cls(job, chan, sides, hardening, warm)
-                ev.forker_pid = forker.pid
+            ev = evaluation_cls(job, chan, sides, hardening, warm)
+            ev.forker_pid = forker.pid
 
-                def spawn_candidate() -> SideProc:  # another candidate process for timing (`processes` > 1)
-                    side = SideProc.from_forker(forker, cwd=job.get("cwd") or os.getcwd(),
-                                                log_path=job.get("log_path"), tag=job.get("tag"),
-                                                protected=[os.getpid(), ref.pid, forker.pid])
-                    side.request({"cmd": "hello"})
-                    return side
-                ev.spawn_candidate = spawn_candidate
-                result = ev.run()
+            def spawn_candidate() -> SideProc:  # another candidate process for timing (`processes` > 1, `siblings`)
+                side = SideProc.from_forker(forker, cwd=job.get("cwd") or os.getcwd(), log_path=job.get("log_path"),
+                                            tag=job.get("tag"), protected=[os.getpid(), ref.pid, forker.pid])
+                side.request({"cmd": "hello"})
+                return side
+            ev.spawn_candidate = spawn_candidate
+            result = ev.run()
         out = {"status": "correct", "reasons": [], "message": "", **result}
     except BaseException as e:  # noqa: BLE001 - every failure becomes a verdict
         rej = e if isinstance(e, Reject) else Reject(
@@ -172,18 +170,6 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
             if p is not None:
                 _kill_group(p.pid)
     return out, keep, lock
-
-
-def _candidate_side(job: dict, forker, ref, hardening: dict) -> SideProc:
-    """A fresh candidate side from the forker, for this job."""
-    try:
-        cand = SideProc.from_forker(forker, cwd=job.get("cwd") or os.getcwd(), log_path=job.get("log_path"),
-                                    tag=job.get("tag"), protected=[os.getpid(), ref.pid, forker.pid])
-        hardening["candidate"] = cand.request({"cmd": "hello"}).get("hardening")
-    except (OSError, Reject) as e:
-        raise Reject("runtime_error", ["harness_error"], f"kernelcraft could not start the candidate's side: "
-                     f"{getattr(e, 'message', e)}") from None
-    return cand
 
 
 CONTEXT_BYTES = 512 << 20  # a CUDA context's own device memory (not in the allocator's count), per process

@@ -95,8 +95,9 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
                timeout_s: float, build_timeout_s: float, warm_key: str | None = None) -> WorkerOutcome:
     """Run one job in a worker and watch it. With `warm_key` (candidates of one task, see `warm`), an idle
     judge kept from an earlier job of that key takes it, and this one is kept if it ends cleanly."""
-    if warm_key is not None:
-        warm_key = _full_key(warm_key, root, visible_gpu)
+    if warm_key is not None:  # the caller's key (task, protocol) and everything a worker is started with
+        base = {k: v for k, v in worker_env(root, visible_gpu).items() if k not in zygote.PER_JOB_ENV}
+        warm_key = warm.key(warm_key, str(root), visible_gpu, base)
     if visible_gpu is None:
         return _first_run(job, work_dir, root, visible_gpu, timeout_s, build_timeout_s, warm_key)
     lease = gpushare.share(visible_gpu)
@@ -107,30 +108,6 @@ def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
     with lease.exclusive():  # other jobs of ours held the GPU's memory: once more, alone (`gpushare`)
         return _run_again(job, work_dir, root, visible_gpu, timeout_s, build_timeout_s,
                           "run again alone on its GPU: other evaluations had crowded it out of device memory")
-
-
-def _full_key(warm_key: str, root: Path, visible_gpu: str | None) -> str:
-    """The caller's key (task, protocol) and everything a worker is started with (`warm`)."""
-    base = {k: v for k, v in worker_env(root, visible_gpu).items() if k not in zygote.PER_JOB_ENV}
-    return warm.key(warm_key, str(root), visible_gpu, base)
-
-
-def prewarm(job: dict, work_dir: Path, root: Path, visible_gpu: str | None, timeout_s: float,
-            build_timeout_s: float, warm_key: str) -> bool:
-    """Start a judge for `warm_key` with no candidate (`job` is a `warmup` job: `Evaluation.warm_up`) and keep it
-    idle, its reference ready, for the next job of that key. True when it was kept. Always a fresh judge: an idle
-    one of the key is left alone."""
-    if not warm.enabled():
-        return False
-    key = _full_key(warm_key, root, visible_gpu)
-    before = warm.idle_count(key)
-    job = {**job, "warmup": True}
-    if visible_gpu is None:
-        out = _run(job, work_dir, timeout_s, build_timeout_s, key, None, root=root)
-    else:
-        with gpushare.share(visible_gpu).shared():  # it holds device memory like any job (`gpushare`)
-            out = _run(job, work_dir, timeout_s, build_timeout_s, key, None, root=root, visible_gpu=visible_gpu)
-    return out is not None and warm.idle_count(key) > before
 
 
 def _first_run(job: dict, work_dir: Path, root: Path, visible_gpu: str | None, timeout_s: float,

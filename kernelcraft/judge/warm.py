@@ -158,10 +158,9 @@ def _expire_locked() -> list[WarmWorker]:
     return out
 
 
-def idle_count(k: str | None = None) -> int:
-    """Idle judges, of one key or in all."""
+def idle_count() -> int:
     with _LOCK:
-        return len(_IDLE.get(k, ())) if k is not None else sum(len(v) for v in _IDLE.values())
+        return sum(len(v) for v in _IDLE.values())
 
 
 def discard_device(device: str | None) -> int:

@@ -98,10 +98,8 @@ class Evaluation:
         self.chan.send("phase", phase=phase, build_s=self.build_s, **data)
 
     # -- the sequence ------------------------------------------------------------------------------------
-    def _open(self) -> dict:
-        """Every job's start: the judge's device, and the reference imported (or reset to its constructed state,
-        when warm). Returns the options both sides import with."""
-        job = self.job
+    def run(self) -> dict:
+        job, p = self.job, self.p
         if self.device.type == "cuda":
             self.enter("start")
             torch.cuda.set_device(self.device)
@@ -119,27 +117,6 @@ class Evaluation:
                 raise Reject("runtime_error", ["task_error"], "the reference task failed to import: "
                              + failures.describe_exception(e)) from None
             self.ref.request(dict(cmd="import", path=job["task_path"], **common), phase="reference")
-        return common
-
-    def warm_up(self) -> dict:
-        """A job without a candidate (`evaluate.prewarm`, while a task's first candidates build): the reference
-        imported, constructed and described and its arenas made, as a judge's first job does, then kept (`jobs`)
-        for the next candidate of the task. Nothing is judged; the result only says the judge is ready. Its
-        first draw, like every draw, comes from a seed no side knows and is never a trial's."""
-        self._open()
-        if self.warm is not None:  # (`runner.prewarm` starts a fresh judge: this one is ready already)
-            self.ready, self.in_specs, self.out_specs = self.warm, self.warm.in_specs, self.warm.out_specs
-        else:
-            if self.job.get("lock_scope") == "device":
-                self._take_device()  # construction is device work: never beside another evaluation's timing
-            self.enter("init")
-            self._construct()
-        self.result["status"] = "warm"
-        return self.result
-
-    def run(self) -> dict:
-        job, p = self.job, self.p
-        common = self._open()
         device_scope = job.get("lock_scope") == "device"
         self.enter("prepare")  # the candidate's side: CUDA, strict mode's kernel tracer, trusted imports; off the lock
         strict = p["mode"] == "strict"
@@ -207,11 +184,9 @@ class Evaluation:
                                         module_mode=self.p["module_mode"])
         warm = self.warm
         sides = (self.cand,) if warm else (self.ref, self.cand)  # a warm reference is constructed already
-        sides = tuple(s for s in sides if s is not None)  # no candidate: `warm_up`
         replies = {s.role: s.request(msg, phase="init") for s in sides}
         self.ref_construct = replies["reference"] = warm.ref_construct if warm else replies["reference"]
-        if self.cand is not None:
-            weights.record_mode(self, replies)
+        weights.record_mode(self, replies)
         if self.device.type == "cuda":  # the sides' construction finished before the judge's first draw
             torch.cuda.synchronize()
         torch.manual_seed(secrets.randbits(63))  # the judge's inputs: a seed no side can know
@@ -250,8 +225,6 @@ class Evaluation:
         self.ready = Warm(self.task, self.in_specs, values, self.in_arenas["reference"], self.out_specs,
                           self.out_kind, self.out_arenas["reference"], self.ref_construct, self.stateful,
                           self.tf32_convolutions)
-        if self.cand is None:
-            return
         self.result["guards"] += ["separate_processes", "secret_inputs", "inputs_verified", "outputs_poisoned"]
         reply = self.first_call(self.cand, "init")  # after `ready`: a candidate's crash keeps the judge warm
         self.first_out = self._output("candidate", list(reply.get("values", [])), copy=True) \

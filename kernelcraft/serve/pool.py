@@ -26,8 +26,6 @@ Design decisions
   candidate text later skips the build stage entirely (a cache hit costs no worker start). A
   `compile_error` from the build stage is remembered the same way (compiler errors are deterministic).
   If the build directory was deleted since, the evaluation simply rebuilds in its timing slot.
-- While a task's candidate builds, judges for it start on the devices it may run on (`serve.prewarm`): its
-  first verdict then waits for the build, not for a judge's start as well.
 - Backends are pluggable: a slot is made by a factory, so `cluster.py` runs the very same scheduler
   with Ray actors behind the slots. Verdicts come from the same `evaluate`/`prebuild` either way.
 """
@@ -46,12 +44,11 @@ from typing import Callable, Iterable, Iterator
 
 from kernelcraft.candidate import Candidate, load_candidate, needs_build, structure_problem
 from kernelcraft.devices import arch_of, visible_devices
-from kernelcraft.evaluate import _env, evaluate, prebuild, prewarm
+from kernelcraft.evaluate import _env, evaluate, prebuild
 from kernelcraft.judge import zygote
 from kernelcraft.judge.runner import cache_root
 from kernelcraft.judge.screen import screen
 from kernelcraft.protocol import Protocol
-from kernelcraft.serve.prewarm import Prewarmer
 from kernelcraft.task import Task, load_task
 from kernelcraft.verdict import Verdict
 
@@ -110,10 +107,6 @@ class LocalBackend:
     def timing_slot(self, device: str) -> Callable:
         return lambda task, cand, opts: evaluate(task, cand, device=device, cache_dir=self.cache_dir, **opts)
 
-    def prewarm(self, task, device: str, opts: dict) -> bool:
-        """A judge for `task` kept warm on `device` (`serve.prewarm`)."""
-        return prewarm(task, device=device, cache_dir=self.cache_dir, **opts)
-
     def arch(self, device: str) -> str | None:
         return arch_of(device)
 
@@ -153,7 +146,6 @@ class Pool:
         if per_device > 1:  # the worker holds the GPU from construction to the end of timing
             self.defaults["lock_scope"] = "device"
         self.devices = [d for d in devices for _ in range(per_device)]
-        self._prewarmer = Prewarmer(self.backend, per_device)
         self.build_workers = max(1, build_workers or os.cpu_count() or 2)
         self.root = Path(getattr(self.backend, "cache_dir", None) or cache_dir or cache_root())
         self.stall_s = stall_s
@@ -320,7 +312,6 @@ class Pool:
             return self._adopt(item, Verdict.model_validate_json(failed.read_text()))
         with self._lock:
             self._counts["builds"] += 1
-        self._prewarmer.note(item.task, item.options, self._devices_for(item))  # the build is the judges' window
         verdict = slot.run(item.cand, arch, item.options)
         marker.parent.mkdir(parents=True, exist_ok=True)
         if verdict is None:
@@ -332,12 +323,8 @@ class Pool:
             os.replace(tmp, failed)
         return self._adopt(item, verdict)
 
-    def _devices_for(self, item: _Item) -> list[str]:
-        return [item.device] if item.device else list(dict.fromkeys(d for d in self.devices
-                                                                    if d.split(":")[0] == item.kind))
-
     def _arch_for(self, item: _Item) -> str | None:
-        devs = self._devices_for(item)
+        devs = [item.device] if item.device else [d for d in self.devices if d.split(":")[0] == item.kind]
         return self.arches.get(devs[0]) if devs else None
 
     def _adopt(self, item: _Item, v: Verdict) -> Verdict:
