@@ -26,6 +26,7 @@ ENVELOPE_EXPLAINS = 4.0  # ... such as the TF32 envelope erring at least 1/4 as 
 MEANINGFUL = 0.5  # a calibrated RMS bound at or above this share of the output's RMS checks nothing
 SEPARATION = 2.0  # ... nor one where bf16's envelope (`fp64` coarse) errs less than this times TF32's
 TOWARDS_BF16 = 2 / 3  # the RMS bound's cap: this far, on a log scale, from TF32's envelope (0) to bf16's (1)
+TOWARDS_BF16_TEXT = str(Fraction(TOWARDS_BF16).limit_denominator(8))  # "2/3", as messages and notes say it
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -141,8 +142,7 @@ class Output:
     def describe(self, factor: float, where: str) -> str:
         f, b_rms, b_max = self.bounds(factor)
         e, s = self.errors(), max(self.scale, 1e-30)
-        way = Fraction(TOWARDS_BF16).limit_denominator(8)
-        between = (f", the RMS at most {way} of the way (log scale) to bf16's {e['rms_b'] / s:.3g}"
+        between = (f", the RMS at most {TOWARDS_BF16_TEXT} of the way (log scale) to bf16's {e['rms_b'] / s:.3g}"
                    if self.below_bf16() is not None else "")
         env = (f" (with its convolutions in TF32, cuDNN's default: {e['rms_e'] / s:.3g} RMS, {e['max_e'] / s:.3g} max)"
                if self.n_e else "")

@@ -84,7 +84,7 @@ from kernelcraft.judge.arena import Arena, TensorSpec
 from kernelcraft.judge.compare import (Comparison, as_tensor_list, chunks, compare_outputs, default_tolerance,
                                        is_oom, with_retries)
 from kernelcraft.judge.bounds import (CAP, ENVELOPE_EXPLAINS, FLOOR_ULPS, MAX_FACTOR, MEANINGFUL,  # noqa: F401
-                                      SEPARATION, SMALL_N, UNVERIFIABLE, Output, unit_roundoff)
+                                      SEPARATION, SMALL_N, TOWARDS_BF16_TEXT, UNVERIFIABLE, Output, unit_roundoff)
 from kernelcraft.judge.fp64 import picked
 
 TIMED_MARGIN = 4.0
@@ -270,7 +270,7 @@ class Rule:
                 elif o.noisy():
                     self._note(f"{where}the reference's own error (over {CAP:g} of the output's RMS) is its "
                                "convolutions' TF32 (cuDNN's default): calibrated by the TF32 envelope, the RMS bound "
-                               "at most 2/3 of the way to bf16's")
+                               f"at most {TOWARDS_BF16_TEXT} of the way to bf16's")
             if fixed.ok:
                 continue
             if o.mode == "calibrated" and have:
