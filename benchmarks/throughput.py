@@ -19,6 +19,9 @@ What it measures, in a fresh cache directory (so "cold" is cold):
 3. pool, cache hit: the same `--n` candidates again (every build is found in the cache).
 `--pch` (default `ready`): the precompiled torch/extension.h for main.cpp is made before the first phase,
 outside its clock; `off` measures without it, `auto` leaves it to the evaluations.
+Each phase also reports its `timeline`: when the build slots' and the timing slots' calls ran (first start, first
+and last end, median length), so a late first verdict can be put on the builds or on the evaluations; the script
+drives the pool only through its public backend interface, so a copy of it runs against an older tree as well.
 Each phase reports candidates/minute, seconds per candidate, statuses, mean build_s seen by the timing
 evaluation, and how many verdicts were re-measured (speedups above `--remeasure-above` are timed twice
 by design).
@@ -39,13 +42,14 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import torch
 
 from kernelcraft.evaluate import evaluate
-from kernelcraft.serve.pool import Pool
+from kernelcraft.serve.pool import LocalBackend, Pool
 
 TASK = "level2/elementwise_chain"
 CPU_TASK = "tiny/level2/elementwise_chain"
@@ -235,9 +239,52 @@ def one_at_a_time(task, cands, opts, cache) -> tuple[dict, dict]:
     return run(), run()
 
 
+class Timeline(LocalBackend):
+    """The local backend, recording when each build-slot and timing-slot call ran (seconds since `t0`): where a
+    phase's first verdict waits, on the builds or on the evaluations (BENCHMARKS.md, thirteenth session).
+    Only the pool's public backend interface is used, so this script runs against older trees too."""
+
+    def __init__(self, cache_dir):
+        super().__init__(cache_dir)
+        self.t0, self.calls, self._lock = time.perf_counter(), [], threading.Lock()
+
+    def _timed(self, kind: str, run):
+        def call(*args):
+            start = time.perf_counter() - self.t0
+            try:
+                return run(*args)
+            finally:
+                with self._lock:
+                    self.calls.append((kind, start, time.perf_counter() - self.t0))
+        return call
+
+    def build_slot(self, index):
+        return self._timed("build", super().build_slot(index))
+
+    def timing_slot(self, device):
+        return self._timed("time", super().timing_slot(device))
+
+    def restart(self) -> None:
+        with self._lock:
+            self.t0, self.calls = time.perf_counter(), []
+
+    def summary(self) -> dict:
+        out = {}
+        for kind in ("build", "time"):
+            spans = [(a, b) for k, a, b in self.calls if k == kind]
+            if spans:
+                out[kind] = {"calls": len(spans), "first_start_s": round(min(a for a, _ in spans), 2),
+                             "first_end_s": round(min(b for _, b in spans), 2),
+                             "last_end_s": round(max(b for _, b in spans), 2),
+                             "median_s": round(statistics.median(b - a for a, b in spans), 2)}
+        return out
+
+
 def through_pool(task, cands, devices, opts, cache, per_gpu, build_workers) -> tuple[dict, dict, dict]:
-    with Pool(devices, per_device=per_gpu, build_workers=build_workers, cache_dir=cache, **opts) as pool:
+    timeline = Timeline(cache)
+    with Pool(devices, per_device=per_gpu, build_workers=build_workers, backend=timeline, **opts) as pool:
         def run():
+            timeline.restart()
             t0 = time.perf_counter()
             first = None
             out = [None] * len(cands)
@@ -246,6 +293,7 @@ def through_pool(task, cands, devices, opts, cache, per_gpu, build_workers) -> t
                 out[i] = v
             res = summarize(out, time.perf_counter() - t0)
             res["first_verdict_s"] = round(first, 2)
+            res["timeline"] = timeline.summary()  # the slots' calls: builds (first/last end) and evaluations
             return res
         cold = run()
         hit = run()
