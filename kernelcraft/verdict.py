@@ -40,9 +40,9 @@ REASONS = {
     "precision_downgrade": "* within the fixed tolerance, but less accurate against a float64 evaluation of the "
                            "reference than precision_factor x the reference's own error (fp16/bf16/TF32 work the "
                            "reference does not do)",
-    UNVERIFIABLE: "* with value_mismatch: the reference differs from its own float64 evaluation too "
-                              "much to calibrate a precision rule (it draws random numbers, or is ill-conditioned "
-                              "in fp32), so the fixed tolerance judged; an honest rewrite may fail here",
+    UNVERIFIABLE: "* with value_mismatch: the reference differs from its own float64 evaluation too much to "
+                  "calibrate a precision rule (it draws random numbers, or is ill-conditioned in fp32), so the "
+                  "fixed tolerance judged; an honest rewrite may fail here",
     "nan_or_inf": "NaN or Inf where the reference has none",
     "non_tensor_output": "an output is not a plain torch.Tensor",
     "lazy_output": "an output is a tensor subclass or has no real storage",

@@ -187,7 +187,7 @@ class RoundTripClock:
 def measure(
     time_ref: Callable[[], float],
     time_cand: Callable[[], float],
-    time_null: Callable[[], float],
+    time_null: Callable[[], "float | tuple[float, float]"],
     next_round: Callable[[int], None],
     check_round: Callable[[int], None],
     *,
@@ -221,6 +221,7 @@ def measure(
             break
 
     ref_h, cand_h, nulls, cand_nulls, firsts = [], [], [], [], []
+    own_nulls = False  # `time_null` timed the candidate's process too (it returned pairs)
     start = _perf_ns()
     deadline = start + int(budget_s * 1e9)
     hard_deadline = start + int(3 * max(budget_s, 1.0) * 1e9)  # min_rounds yields to this
@@ -246,6 +247,7 @@ def measure(
                 c = time_cand()
                 r = time_ref()
             got = time_null()  # the reference's null, or (the reference's, the candidate's)
+            own_nulls = own_nulls or isinstance(got, tuple)
             o_ref, o_cand = got if isinstance(got, tuple) else (got, got)
             nulls.append(o_ref), cand_nulls.append(o_cand)
             check_round(rounds)
@@ -264,7 +266,6 @@ def measure(
             break
     refs, cands, ratios, overhead = ratios_now()
     med, lo, hi = balanced_ci(ratios, firsts)
-    own_nulls = cand_nulls != nulls  # `time_null` timed the candidate's process too
     method = ("cuda: judge host clock around each side's round trip (thaw, run, outputs copied, device sync, "
               "judge's idle probe), L2 flush, other side frozen; paired rounds in random order, speedup "
               "stratified by order, round-trip overhead subtracted" if cuda else "cpu: judge host clock around "
