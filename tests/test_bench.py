@@ -810,3 +810,47 @@ def test_the_optimize_run_of_a_task_gets_its_baselines_by_text():
     base = {("t1", "inductor"): ok, ("t1", "cudagraph"): oom, ("t2", "inductor"): other}
     assert _measured_texts(base, "t1") == {"c1": ok}
     assert _measured_texts(base, "t3") == {}
+
+
+def test_task_runs_never_hold_up_the_interpreters_exit_after_ctrl_c():
+    """`run_tasks` on Ctrl-C raises at once and leaves the running optimizations to the caller (it kills their
+    workers). They must not keep the process alive: a ThreadPoolExecutor's threads are joined at exit, and a
+    Ctrl-C landing while `as_completed` held its futures' locks left one waiting on a lock forever (`kernelcraft
+    bench` hung after "re-run the same command to resume", 2 CPU-suite runs in 4). A run still busy after the
+    interrupt is a daemon thread; the failure path still hands over what finished and re-raises."""
+    import threading
+
+    from kernelcraft.bench.taskpool import run_tasks
+    from kernelcraft.search.optimize import Cancelled
+
+    stuck, stop, got = threading.Event(), threading.Event(), []
+
+    def run_one(key):
+        if key == "slow":
+            stuck.wait(30)
+        return {"key": key}
+
+    def interrupted(key, result):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_tasks(["fast", "slow", "never"], 2, stop, run_one, interrupted)
+    assert stop.is_set()
+    busy = [t for t in threading.enumerate() if t.name.startswith("kc-bench-optimize") and t.is_alive()]
+    assert busy and all(t.daemon for t in busy), [(t.name, t.daemon) for t in busy]
+    stuck.set()
+
+    def failing(key):
+        if key == "bad":
+            raise RuntimeError("task failed")
+        return {"key": key}
+
+    with pytest.raises(RuntimeError, match="task failed"):
+        run_tasks(["ok", "bad"], 2, threading.Event(), failing, lambda k, r: got.append(k) or 1)
+    assert got == ["ok"] or got == [], got  # handed over if it finished, never after the error
+    n = run_tasks(["a", "b", "c"], 2, threading.Event(), lambda k: {"k": k}, lambda k, r: 1)
+    assert n == 3
+    stop2 = threading.Event()
+    stop2.set()
+    with pytest.raises(Cancelled):
+        run_tasks(["x", "y"], 2, stop2, lambda k: {"k": k}, lambda k, r: 1)

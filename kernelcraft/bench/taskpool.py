@@ -11,9 +11,9 @@ Design decisions
 """
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from kernelcraft.search.optimize import Cancelled
 
@@ -49,30 +49,55 @@ class OneAtATime:
 
 def run_tasks(keys: list[str], jobs: int, stop: threading.Event, run_one: Callable[[str], dict],
               finished: Callable[[str, dict], int], label: Callable[[str], str] = str) -> int:
-    """`run_one(key)` for every key, `jobs` at a time; the sum of `finished(key, result)` (module docstring)."""
+    """`run_one(key)` for every key, `jobs` at a time; the sum of `finished(key, result)` (module docstring).
+
+    The runs are daemon threads reporting on a queue, not a `ThreadPoolExecutor`: an executor's threads are joined
+    at interpreter exit, and a Ctrl-C that landed while `as_completed` held its futures' locks left one of them
+    waiting forever on a future's lock, so `kernelcraft bench` printed "re-run the same command to resume" and
+    never exited (the CPU suite's `test_task_jobs_ctrl_c_stops_the_running_optimizations`, 2 runs in 4)."""
     if min(jobs, len(keys)) <= 1:  # in order, in this thread
         return sum(finished(key, run_one(key)) for key in keys)
-    n, futures, done = 0, {}, set()
-    ex = ThreadPoolExecutor(max_workers=min(jobs, len(keys)), thread_name_prefix="kc-bench-optimize")
-    try:
-        def guarded(key: str) -> dict:  # a task whose turn comes after a stop never starts
-            if stop.is_set():
-                raise Cancelled(f"optimize {label(key)}: cancelled before it started")
-            return run_one(key)
+    todo, done = queue.SimpleQueue(), queue.SimpleQueue()
+    for key in keys:
+        todo.put(key)
 
-        futures = {ex.submit(guarded, key): key for key in keys}
-        for f in as_completed(futures):
-            n += finished(futures[f], f.result())
-            done.add(f)
+    def work() -> None:
+        while True:
+            try:
+                key = todo.get_nowait()
+            except queue.Empty:
+                return
+            if stop.is_set():  # a task whose turn comes after a stop never starts
+                done.put((key, None, Cancelled(f"optimize {label(key)}: cancelled before it started")))
+                continue
+            try:
+                done.put((key, run_one(key), None))
+            except BaseException as e:  # noqa: BLE001 - handed to the calling thread, which raises it
+                done.put((key, None, e))
+
+    threads = [threading.Thread(target=work, daemon=True, name="kc-bench-optimize")
+               for _ in range(min(jobs, len(keys)))]
+    for t in threads:
+        t.start()
+    n = 0
+    try:
+        for _ in keys:
+            key, result, error = done.get()
+            if error is not None:
+                raise error
+            n += finished(key, result)
     except BaseException as e:
-        ex.shutdown(wait=False, cancel_futures=True)  # nothing more starts, then the running ones stop
-        stop.set()
+        stop.set()  # nothing more starts, and the running ones stop at their next step
         if isinstance(e, KeyboardInterrupt):  # no waiting: the caller kills their workers
             raise
-        ex.shutdown(wait=True)  # a failed task: the others stop at their next step; keep what finished meanwhile
-        for f, key in futures.items():
-            if f not in done and f.done() and not f.cancelled() and f.exception() is None:
-                finished(key, f.result())
+        for t in threads:  # a failed task: keep what the others finished meanwhile
+            t.join()
+        while True:
+            try:
+                key, result, error = done.get_nowait()
+            except queue.Empty:
+                break
+            if error is None:
+                finished(key, result)
         raise
-    ex.shutdown()
     return n
