@@ -67,6 +67,24 @@ class ModelNew(nn.Module):
         return self.alpha * a + b
 '''
 
+MODULES_SEEN = '''
+import os
+import sys
+import torch.nn as nn
+
+with open(os.environ["KC_TEST_MODULES"], "a") as f:  # what the zygote had imported when this process was forked
+    f.write(("dynamo" if "torch._dynamo" in sys.modules else "none") + "\\n")
+
+
+class ModelNew(nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, a, b):
+        return self.alpha * a + b
+'''
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -154,6 +172,24 @@ def test_a_dead_zygote_is_replaced_and_loses_nothing(cache_dir, tmp_path, monkey
         os.kill(pid, signal.SIGKILL)
     t.join(60)
     assert result["v"].status == "correct", result["v"].message
+
+
+def test_builds_do_not_wait_for_dynamo_and_evaluations_always_have_it(cache_dir, tmp_path, monkeypatch):
+    """The zygote is ready with torch and the harness; a build-only job (a pool's first builds) is forked before
+    its Triton and dynamo imports are done, and an evaluation's worker never is: it is held until they are."""
+    from kernelcraft.evaluate import prebuild
+
+    (tmp_path / "seen.py").write_text(MODULES_SEEN)
+    seen = tmp_path / "seen.txt"
+    monkeypatch.setenv("KC_TEST_MODULES", str(seen))  # also keys a zygote of its own, started by the first job
+    assert prebuild(tmp_path / "seen.py", cache_dir=cache_dir) is None
+    assert seen.read_text().split() == ["none"]
+    assert len(_zygote_pids()) >= 1
+    seen.write_text("")
+    v = evaluate(TASK, tmp_path / "seen.py", cache_dir=cache_dir, **FAST)
+    assert v.status == "correct" and v.env.worker_start == "fork", v.message
+    got = seen.read_text().split()
+    assert got and set(got) == {"dynamo"}, got
 
 
 def test_workers_die_with_their_caller(tmp_path):

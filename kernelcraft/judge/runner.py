@@ -175,7 +175,7 @@ def _run(job: dict, work_dir: Path, timeout_s: float, build_timeout_s: float, wa
         first_tag = job_tag
         with open(log_path, "wb") as log:
             env = {**worker_env(root, visible_gpu), WORKER_TAG_VAR: job_tag, CHANNEL_FD_VAR: str(w_fd)}
-            proc, bwrapped = _fork(env, work_dir, root, log.fileno(), w_fd), False
+            proc, bwrapped = _fork(env, work_dir, root, log.fileno(), w_fd, bool(job.get("build_only"))), False
             if proc is not None:
                 out.start = "fork"
             else:
@@ -288,8 +288,9 @@ def _watch(out: WorkerOutcome, r_fd: int, nonce: str, t_start: float, timeout_s:
         sel.close()
 
 
-def _fork(env: dict, work_dir: Path, root: Path, log_fd: int, chan_fd: int):
-    """A worker forked by the zygote, or None (zygote off or unusable, bwrap sandbox): then spawn one."""
+def _fork(env: dict, work_dir: Path, root: Path, log_fd: int, chan_fd: int, early: bool = False):
+    """A worker forked by the zygote, or None (zygote off or unusable, bwrap sandbox): then spawn one. `early`: a
+    build-only job, which the zygote forks before its Triton and dynamo imports are done (`zygote`)."""
     if not zygote.enabled():
         return None
     settings = sandbox.fork_settings(env)
@@ -300,7 +301,7 @@ def _fork(env: dict, work_dir: Path, root: Path, log_fd: int, chan_fd: int):
     if z is None:
         return None
     try:
-        return z.fork(env, work_dir, limits, log_fd, chan_fd)
+        return z.fork(env, work_dir, limits, log_fd, chan_fd, early)
     except (OSError, ValueError, KeyError):  # the zygote died under us: spawn this one, restart it next time
         return None
 

@@ -10,6 +10,12 @@ Design decisions
   `torch.utils.cpp_extension` asks `torch.cuda.is_available()`; the zygote imports with
   `PYTORCH_NVML_BASED_CUDA_CHECK=1` (NVML's answer, which leaves fork usable) and proves the point with
   a probe child before it reports ready. If anything is off, the caller spawns workers as before.
+- Builds first. The zygote reports ready once torch and the harness are imported; Triton and dynamo (the
+  reference's float64 run imports dynamo, ~1.4 s per fresh process otherwise) come next. Requests marked
+  `early` (build-only jobs, which need neither) that arrive meanwhile are forked at once, so a pool's first
+  builds do not wait for those imports and the imports overlap their compiles (BENCHMARKS.md, fourteenth
+  session); every other request is held until they are done, so an evaluation's worker always has them. Should
+  they initialise CUDA (no torch does), the zygote exits with `EXTRAS_BROKE_FORK` and the caller spawns.
 - Protocol: a SOCK_SEQPACKET socketpair per zygote. A request is one JSON message (environment, working
   directory, rlimits) plus four descriptors: a reply socket, the read end of the job pipe, the log file,
   the result channel. The zygote forks, sends `{"pid": N}` on the reply socket, later `{"exit": code}`
@@ -53,6 +59,9 @@ PER_JOB_ENV = ("CUDA_VISIBLE_DEVICES", "KERNELCRAFT_WORKER_TAG", "TORCH_EXTENSIO
                "KERNELCRAFT_CHANNEL_FD")  # the last: a spawned judge's result channel, a different fd per job
 MAX_ZYGOTES = 3  # distinct environments kept; an idle one goes first
 READY_TIMEOUT_S = 180.0
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # set in the zygote for good: a child gets the caller's environment
+EXTRAS_GRACE_S = 0.2  # after ready, early requests get this long (from the last) before the extras are imported
+EXTRAS_BROKE_FORK = 75  # the zygote's exit code when those imports initialised CUDA
 MAX_MSG = 1 << 20
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
@@ -75,19 +84,10 @@ def _subreaper(name: bytes | None = None) -> None:
 def serve(ctl_fd: int) -> None:
     ctl = socket.socket(fileno=ctl_fd)
     try:
-        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        os.environ[NVML_CHECK] = "1"
         import torch
 
         from kernelcraft.judge import worker  # noqa: F401  (binds clocks, imports torch and the harness)
-        try:
-            import triton  # noqa: F401  (Triton candidates import it; 0.2-0.5 s each otherwise)
-        except Exception:  # noqa: BLE001
-            pass
-        try:  # the reference's float64 run (judge/fp64.py) uses a dispatch mode, whose first use imports dynamo:
-            import torch._dynamo  # noqa: F401  (~1.4 s per fresh reference otherwise; torch.compile candidates too)
-        except Exception:  # noqa: BLE001
-            pass
-        del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
         why = _fork_unusable(torch)
     except BaseException as e:  # noqa: BLE001
         why = f"import failed: {type(e).__name__}: {e}"
@@ -97,9 +97,10 @@ def serve(ctl_fd: int) -> None:
     _subreaper(b"kc-zygote")
     live: dict[int, socket.socket] = {}
     last_sweep = 0.0
+    held: list | None = []  # requests for a full worker, held until the extras are imported (None: they are)
     try:
         while True:
-            readable, _, _ = select.select([ctl], [], [], 0.1)
+            readable, _, _ = select.select([ctl], [], [], 0.1 if held is None else 0.0 if held else EXTRAS_GRACE_S)
             if readable:
                 try:
                     msg, fds, _, _ = socket.recv_fds(ctl, MAX_MSG, 4)
@@ -107,7 +108,19 @@ def serve(ctl_fd: int) -> None:
                     break
                 if not msg:
                     break  # the caller is gone
-                _fork_one(msg, fds, ctl, live)
+                if held is not None and not _early(msg):
+                    held.append((msg, fds))
+                else:
+                    _fork_one(msg, fds, ctl, live)
+                continue  # take every request already waiting before anything else
+            if held is not None:
+                why = _import_extras(torch)
+                if why is not None:  # held requests see their reply socket close and spawn; forked workers run on
+                    print(f"kc-zygote: {why}; no more forks from this zygote", file=sys.stderr, flush=True)
+                    os._exit(EXTRAS_BROKE_FORK)  # the caller's `get` sees the code and spawns from then on
+                for msg, fds in held:
+                    _fork_one(msg, fds, ctl, live)
+                held = None
             _reap(live)
             if time.monotonic() - last_sweep > 0.5:
                 last_sweep = time.monotonic()
@@ -116,6 +129,29 @@ def serve(ctl_fd: int) -> None:
         for pid in list(live):
             _killpg(pid)
         _kill_orphans({})
+
+
+def _early(msg: bytes) -> bool:
+    """A request that may be forked before the extras (a build-only job: it needs neither Triton nor dynamo)."""
+    try:
+        req = json.loads(msg)
+    except ValueError:
+        return True  # refused at once by `_fork_one`
+    return not isinstance(req, dict) or bool(req.get("early"))
+
+
+def _import_extras(torch) -> str | None:
+    """What most evaluations import sooner or later, imported once here while the zygote is idle; returns why
+    forking no longer works if the imports initialised CUDA (then the zygote must stop)."""
+    try:
+        import triton  # noqa: F401  (Triton candidates import it; 0.2-0.5 s each otherwise)
+    except Exception:  # noqa: BLE001
+        pass
+    try:  # the reference's float64 run (judge/fp64.py) uses a dispatch mode, whose first use imports dynamo:
+        import torch._dynamo  # noqa: F401  (~1.4 s per fresh reference otherwise; torch.compile candidates too)
+    except Exception:  # noqa: BLE001
+        pass
+    return _fork_unusable(torch)
 
 
 def _fork_unusable(torch) -> str | None:
@@ -329,8 +365,9 @@ class Zygote:
     def alive(self) -> bool:
         return self.ready and not self.broken and self.proc.poll() is None
 
-    def fork(self, env: dict, cwd: Path, rlimits: dict, log_fd: int, chan_fd: int) -> ForkedWorker:
-        msg = json.dumps({"env": env, "cwd": str(cwd), "rlimits": rlimits}).encode()
+    def fork(self, env: dict, cwd: Path, rlimits: dict, log_fd: int, chan_fd: int, early: bool = False) -> ForkedWorker:
+        """A worker; `early`: it may come before the zygote's Triton and dynamo (a build-only job)."""
+        msg = json.dumps({"env": env, "cwd": str(cwd), "rlimits": rlimits, "early": early}).encode()
         stdin_r, stdin_w = os.pipe()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -411,6 +448,10 @@ def get(env: dict, root: Path) -> Zygote | None:
             del _ZYGOTES[key]
             if z.active == 0:
                 z.close()
+            if z.proc.poll() == EXTRAS_BROKE_FORK:  # a new one would do the same: spawn from now on
+                _DISABLED[key] = "importing Triton and dynamo initialised CUDA"
+                print(f"kernelcraft: worker zygote unusable ({_DISABLED[key]}); spawning workers", file=sys.stderr)
+                return None
         idle = sorted((z.used, k) for k, z in _ZYGOTES.items() if z.active == 0)
         while len(_ZYGOTES) >= MAX_ZYGOTES and idle:
             _ZYGOTES.pop(idle.pop(0)[1]).close()
