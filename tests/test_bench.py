@@ -378,13 +378,18 @@ def test_baseline_cache_and_vs_compile(tmp_path, cache_dir):
     assert row["best_compile"] == "inductor"
     assert row["speedup_vs_compile"] == pytest.approx(row["speedup"] / ind["speedup"])
     assert first["fast_p_vs_compile"] is not None and first["by_level"]["unknown"]["tasks"] == 1
+    spent = first["time_use"]  # where the seconds went: the candidate's evaluation and the baseline's
+    assert spent["evaluations"] == 2 and set(spent["by_kind"]) == {"candidate", "inductor"}
+    assert spent["device_s"] > 0 and spent["tasks"] == 1
 
     other_out = run(src(), tmp_path / "b", opts(baselines="eager,inductor"))  # the shared cache
     assert (other_out["baselines"]["measured_now"], other_out["baselines"]["cache_hits"]) == (0, 1)
     assert other_out["items"][0]["baselines"]["inductor"] == ind
+    assert set(other_out["time_use"]["by_kind"]) == {"candidate"}  # the cached baseline was measured elsewhere
     same_out = run(src(), tmp_path / "a", opts(baselines="eager,inductor"))  # this run's own record
     assert (same_out["baselines"]["measured_now"], same_out["baselines"]["from_run"]) == (0, 1)
     assert (same_out["resumed"], same_out["evaluated"]) == (1, 0)
+    assert same_out["time_use"] == spent  # a resumed directory reports its total, not this invocation's nothing
 
 
 def test_optimize_when_no_candidates(tmp_path, cache_dir):
@@ -400,6 +405,7 @@ def test_optimize_when_no_candidates(tmp_path, cache_dir):
     else:
         assert rec["status"] == "no_candidate"
     assert "optimize_start" in events and events[-1] == "done"
+    assert s["time_use"]["by_kind"]["search"]["evaluations"] >= 1  # the run's own evaluations, from its run.db
 
 
 def test_cli_time_limit_reaches_the_optimize_settings(tmp_path, cache_dir):

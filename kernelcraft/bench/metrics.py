@@ -24,7 +24,8 @@ Design decisions
   interval over the compile baseline's point estimate (the baseline's own spread is not added). A correct item
   without an interval counts at its point estimate.
 - `summarise` builds the summary record (the `--json` contract's keys first, then per-item rows,
-  baseline metrics per baseline and level, and what this invocation did); `report` renders it.
+  baseline metrics per baseline and level, what this invocation did, and where the run directory's evaluation
+  time went, `time_use`); `report` renders it.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from pathlib import Path
 from kernelcraft.bench import baselines as bl
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.sources import Item, Source
+from kernelcraft.bench.timeuse import time_use
 from kernelcraft.verdict import UNVERIFIABLE
 
 Z95 = 1.959963984540054  # two-sided 95% of a normal
@@ -194,6 +196,6 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
         "task_jobs": opts.task_jobs if not source.has_candidates else None,  # how it ran, not part of the protocol
         "baselines_only": opts.baselines_only, "protocol": protocol, "resumed": resumed,
         "evaluated": evaluated,
-        "wall_s": round(wall, 2), "notes": source.notes, "errors": errors,
+        "wall_s": round(wall, 2), "time_use": time_use(out, levels), "notes": source.notes, "errors": errors,
         "verdicts": str(out / "verdicts.jsonl"), "items": rows,
     }

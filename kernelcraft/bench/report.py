@@ -222,6 +222,28 @@ def _items_table(summary: dict) -> str:
     return "<table id='items'>" + head + "".join(body) + "</table>"
 
 
+def _time_table(t: dict) -> str:
+    """The run directory's evaluations by kind and level: seconds on the device (per task), off it, waiting for it,
+    and the largest phases (`timeuse`)."""
+    def num(v, fmt="{:.0f}"):
+        return "" if v is None else fmt.format(v)
+
+    rows = [("all", t)] + list(t.get("by_kind", {}).items()) + [(f"level {k}", v)
+                                                                 for k, v in t.get("by_level", {}).items()]
+    head = ("<table id='time'><tr><th>evaluations of</th><th>count</th><th>tasks</th><th>on the device, s</th>"
+            "<th>per task, s</th><th>median each, s</th><th>off it, s</th><th>waiting, s</th><th>largest phases, s</th>"
+            "</tr>")
+    body = "".join(
+        f"<tr><td>{_e(name)}</td><td>{b['evaluations']}</td><td>{b['tasks']}</td><td>{num(b['device_s'])}</td>"
+        f"<td>{num(b.get('device_s_per_task'), '{:.1f}')}</td><td>{num(b.get('median_device_s'), '{:.2f}')}</td>"
+        f"<td>{num(b['off_device_s'])}</td><td>{num(b['wait_s'])}</td>"
+        f"<td>{_e(', '.join(f'{k} {v:.0f}' for k, v in list(b['phases_s'].items())[:4]))}</td></tr>"
+        for name, b in rows)
+    return head + body + "</table><p class='muted'>Every evaluation this directory holds, whichever invocation " \
+        "measured it (baselines from the shared cache and verdicts an optimize run took from them are not counted " \
+        "again). On the device: the judge's device phase, under the device lock on a GPU.</p>"
+
+
 def render(summary: dict) -> str:
     s = summary
     scored = not s.get("baselines_only")
@@ -267,6 +289,8 @@ def render(summary: dict) -> str:
           (f"<p class='muted'>Baseline verdicts: measured in this run {b.get('measured_now', 0)}, from this "
           f"directory {b.get('from_run', 0)}, from the cache {b.get('cache_hits', 0)}.</p>"),
           "<h2>Tasks</h2>", _items_table(s)]
+    if (s.get("time_use") or {}).get("evaluations"):
+        h += ["<h2>Where the time went</h2>", _time_table(s["time_use"])]
     if s.get("errors"):
         h.append("<h2>Input errors (not scored)</h2><ul id='errors'>"
                  + "".join(f"<li>{_e(e['message'])}</li>" for e in s["errors"]) + "</ul>")

@@ -13,6 +13,7 @@ from rich.table import Table
 from kernelcraft import devices
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.run import BenchError, Interrupted, default_out, resolve, run
+from kernelcraft.bench.timeuse import one_line
 from kernelcraft.cli.interrupt import EXIT_INTERRUPTED, Interrupts
 from kernelcraft.cli.common import DEVICE, app, console, out, print_json, usage_error, with_protocol
 from kernelcraft.protocol import Protocol
@@ -200,6 +201,7 @@ def bench_cmd(
         print_json({k: v for k, v in summary.items() if k != "items"})
         return
     _bench_table(summary)
+    out.print(one_line(summary["time_use"]), highlight=False, markup=False)
     for n in summary["notes"]:
         out.print(f"note: {n}", highlight=False, markup=False)
     out.print(f"verdicts: {summary['verdicts']}" + (f" · report: {summary['report']}" if summary.get("report") else ""),

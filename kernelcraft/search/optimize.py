@@ -299,7 +299,8 @@ class _Run:
                    '    """The reference itself: a null control for the timing harness."""\n')
             v = self._evaluate(src, self.protocol.seed, self.eval_time)
             rec = {"status": v.get("status"), "speedup": v.get("speedup"),
-                   "ci95": (v.get("timing") or {}).get("ci95"), "message": (v.get("message") or "")[:500]}
+                   "ci95": (v.get("timing") or {}).get("ci95"), "message": (v.get("message") or "")[:500],
+                   "phases_s": v.get("phases_s") or {}}  # its cost, for the bench's `time_use`
             self.db.set_meta("null_control", rec)
             self.emit("control", **rec)
         self.control = rec

@@ -1,0 +1,154 @@
+"""Where a bench's seconds went: its evaluations by kind and level, and their time off the device, waiting for it
+and on it, per worker phase.
+
+Design decisions
+- Measure before cutting (issue 20): every verdict carries its worker's phase times (`phases_s`), so they are read
+  back from what the run directory holds, whichever invocation measured them. A bench resumed over several device
+  calls reports its total across them, not the last call's. Sources:
+  - `verdicts.jsonl`: the bench's own judgements (a given candidate, an optimize run's best.py): kind `candidate`;
+  - `baselines.jsonl`: kind = the baseline's name; lines taken from the shared cache (`cached`) are left out, they
+    were measured elsewhere;
+  - each optimize run's database (`runs/*/run.db`, opened read-only): kind `search` for its candidates, `confirm`
+    for its confirmations, `null` for its null control. Verdicts handed to a run from the bench's baselines
+    (marked `shared`) are left out: they are counted once, as baselines.
+- Three clocks per evaluation, split as the runner splits them: off the device (start-up, build, imports:
+  `runner.BUILD_PHASES`), waiting for it (`runner.WAIT_PHASES`), and every other phase on it (the judge's device
+  phase, under the device lock on a GPU). The device seconds bound a GPU's throughput: their sum is the least wall
+  time one GPU needs for the run, whatever else overlaps. A verdict settled without a worker (screened out, a
+  failed prebuild, a bench-only record) counts as an evaluation with no time.
+- A re-measured verdict's phases are the sum over its runs (`evaluate` adds them): it counts its whole cost.
+- Per task: a task's device seconds are those of all its evaluations (baselines, search, confirmations, judgement);
+  `device_s_per_task` (total / tasks) is the number issue 20's budget is written in.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+from pathlib import Path
+
+from kernelcraft.judge.runner import BUILD_PHASES, WAIT_PHASES
+
+KINDS_FROM_RUNS = ("search", "confirm", "null")
+
+
+def _clocks(phases: dict) -> tuple[float, float, float]:
+    """(off the device, waiting for it, on it) seconds of one verdict's phases."""
+    off = wait = on = 0.0
+    for name, s in (phases or {}).items():
+        if not isinstance(s, (int, float)):
+            continue
+        if name in BUILD_PHASES:
+            off += s
+        elif name in WAIT_PHASES:
+            wait += s
+        else:
+            on += s
+    return off, wait, on
+
+
+def _jsonl(path: Path):
+    if not path.is_file():
+        return
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash: the bench's own reader skips it too
+        if isinstance(rec, dict):
+            yield rec
+
+
+def _run_records(db: Path):
+    """(kind, task sha256 or None, verdict) of one optimize run's database, read-only."""
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return
+    try:
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        sha = json.loads(meta["task_sha256"]) if meta.get("task_sha256") else None  # meta values are JSON
+        rows = [("search", v) for (v,) in conn.execute("SELECT verdict FROM candidates WHERE verdict IS NOT NULL")]
+        rows += [("confirm", v) for (v,) in conn.execute("SELECT verdict FROM confirmations")]
+        if meta.get("null_control"):
+            rows.append(("null", meta["null_control"]))
+    except sqlite3.Error:
+        return
+    finally:
+        conn.close()
+    for kind, text in rows:
+        try:
+            v = json.loads(text)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(v, dict) and not v.get("shared"):
+            yield kind, sha, v
+
+
+def records(out: Path):
+    """(kind, task sha256 or None, level or None, verdict) for every evaluation the run directory `out` holds."""
+    out = Path(out)
+    for rec in _jsonl(out / "verdicts.jsonl"):
+        if rec.get("status") in ("input_error", "no_candidate"):
+            continue  # settled by the bench: no evaluation
+        yield "candidate", rec.get("task_sha256"), rec.get("level"), rec
+    for rec in _jsonl(out / "baselines.jsonl"):
+        if not rec.get("cached"):
+            yield str(rec.get("baseline") or "baseline"), rec.get("task_sha256"), None, rec
+    for db in sorted((out / "runs").glob("*/run.db")) if (out / "runs").is_dir() else []:
+        for kind, sha, v in _run_records(db):
+            yield kind, sha, None, v
+
+
+def _block() -> dict:
+    return {"evaluations": 0, "tasks": set(), "off_device_s": 0.0, "wait_s": 0.0, "device_s": 0.0, "_device": [],
+            "phases_s": {}}
+
+
+def _add(b: dict, sha, phases: dict) -> None:
+    off, wait, on = _clocks(phases)
+    b["evaluations"] += 1
+    if sha:
+        b["tasks"].add(sha)
+    b["off_device_s"] += off
+    b["wait_s"] += wait
+    b["device_s"] += on
+    b["_device"].append(on)
+    for name, s in (phases or {}).items():
+        if isinstance(s, (int, float)):
+            b["phases_s"][name] = b["phases_s"].get(name, 0.0) + s
+
+
+def _done(b: dict) -> dict:
+    dev = b.pop("_device")
+    tasks = len(b.pop("tasks"))
+    return {"evaluations": b["evaluations"], "tasks": tasks, "device_s": round(b["device_s"], 1),
+            "device_s_per_task": round(b["device_s"] / tasks, 2) if tasks else None,
+            "median_device_s": round(statistics.median(dev), 3) if dev else None,
+            "off_device_s": round(b["off_device_s"], 1), "wait_s": round(b["wait_s"], 1),
+            "phases_s": {k: round(v, 1) for k, v in sorted(b["phases_s"].items(), key=lambda kv: -kv[1])}}
+
+
+def time_use(out: Path, levels: dict | None = None) -> dict:
+    """The run directory's evaluations summed: overall, `by_kind` and `by_level` (`levels`: task sha256 -> level,
+    for the records that do not carry their level). Empty blocks are left out."""
+    levels = levels or {}
+    total, kinds, by_level = _block(), {}, {}
+    for kind, sha, level, v in records(out):
+        phases = v.get("phases_s") or {}
+        level = level if level is not None else levels.get(sha)
+        _add(total, sha, phases)
+        _add(kinds.setdefault(kind, _block()), sha, phases)
+        _add(by_level.setdefault(str(level) if level is not None else "other", _block()), sha, phases)
+    return {**_done(total), "by_kind": {k: _done(b) for k, b in kinds.items()},
+            "by_level": {k: _done(b) for k, b in sorted(by_level.items())}}
+
+
+def one_line(t: dict) -> str:
+    """The summary as a line for a person: evaluations, device seconds (per task) and where they went."""
+    if not t.get("evaluations"):
+        return "time: no evaluation measured in this directory yet"
+    top = ", ".join(f"{k} {v:.0f} s" for k, v in list(t["phases_s"].items())[:4])
+    per_task = f" ({t['device_s_per_task']:.1f} s per task)" if t.get("device_s_per_task") else ""
+    return (f"time: {t['evaluations']} evaluations, {t['device_s']:.0f} s on the device{per_task}, "
+            f"{t['off_device_s']:.0f} s off it, {t['wait_s']:.0f} s waiting for it · largest phases: {top}")
