@@ -295,3 +295,31 @@ def test_a_verdict_measured_before_is_taken_only_under_the_same_rules(tmp_path, 
     assert len(calls) > len(first)  # the leader's confirmation was measured, not taken
     assert "known_verdicts" not in RunDB(tmp_path).get_meta("options")
     assert res.candidates == 4
+
+
+def test_a_leader_whose_interval_lies_below_a_confirmed_one_is_not_confirmed(tmp_path, monkeypatch):
+    """Confirmations sized to what the statistics need: with `confirm=2`, the second leader is re-measured only
+    when its own interval reaches the first leader's confirmed number (it could still be the best)."""
+    from kernelcraft.search import optimize as opt
+
+    a, b, c = SAME.replace("@ B", "@ B + 0"), SAME.replace("@ B", "@ B * 1"), SAME.replace("@ B", "@ B - 0")
+    search = {a: (3.0, [2.8, 3.2]), b: (2.0, [1.9, 2.1]), c: (2.9, [2.5, 3.3])}
+    calls = []
+
+    def fake(self, source, seed, budget):
+        calls.append((source, seed))
+        sp, ci = search[source]
+        return {"status": "correct", "speedup": sp, "timing": {"speedup": sp, "ci95": ci}}
+
+    monkeypatch.setattr(opt._Run, "_evaluate", fake)
+    res = optimize(DIAG, tmp_path / "overlap", Options(device="cpu", budget=3, k=3, confirm=2, null_control=False),
+                   policy=_Scripted([a, b, c]))
+    confirmed = [src for src, seed in calls if seed != calls[0][1]]
+    assert confirmed == [a, c]  # b's interval (1.9-2.1) lies below a's confirmed 3.0: not re-measured
+    assert res.confirmed and res.best_speedup == 3.0
+
+    calls.clear()
+    res = optimize(DIAG, tmp_path / "apart", Options(device="cpu", budget=2, k=2, confirm=2, null_control=False),
+                   policy=_Scripted([a, b]))
+    assert [src for src, seed in calls if seed != calls[0][1]] == [a]
+    assert res.confirmed and res.best_speedup == 3.0

@@ -21,7 +21,9 @@ Design decisions
   (95% CI lower bound above the bar). The leaders (top `confirm`, default 2) are
   re-evaluated in a fresh worker with new inputs, another seed and twice the timing budget, and the
   confirmed numbers decide and are reported (the best of many noisy measurements is biased upwards;
-  a re-measurement is not). `OUT/best.py` is written only for such a candidate, byte-identical to what
+  a re-measurement is not). A leader whose own 95% interval lies wholly below the number a leader before it
+  confirmed is not re-measured: it would not be the best, and a bench pays each confirmation in device time
+  (issue 20: confirmations sized to what the statistics need). `OUT/best.py` is written only for such a candidate, byte-identical to what
   was verified; otherwise there is no best.py and the status says why. The reference itself is never
   passed off as an optimisation. best.py is a drop-in for a user's trained model: a candidate whose
   state_dict keys and shapes are not the reference's (the verdict's `weights.matched` is False) is never
@@ -378,6 +380,8 @@ class _Run:
                 if len(ok) >= self.opts.confirm or tries >= 2 * self.opts.confirm:
                     break
                 c = self.db.confirmations().get(r.id)
+                if c is None and ok and r.ci_high is not None and r.ci_high < max(x["speedup"] for _, x in ok):
+                    continue  # its own interval lies below a confirmed leader's number: it would not be the best
                 if c is None:
                     tries += 1
                     self.emit("confirm_start", id=r.id)
