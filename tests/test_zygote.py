@@ -67,23 +67,13 @@ class ModelNew(nn.Module):
         return self.alpha * a + b
 '''
 
-MODULES_SEEN = '''
-import os
+MODULES_SEEN = '''import os
 import sys
-import torch.nn as nn
 
 with open(os.environ["KC_TEST_MODULES"], "a") as f:  # what the zygote had imported when this process was forked
     f.write(("dynamo" if "torch._dynamo" in sys.modules else "none") + "\\n")
 
-
-class ModelNew(nn.Module):
-    def __init__(self, alpha):
-        super().__init__()
-        self.alpha = alpha
-
-    def forward(self, a, b):
-        return self.alpha * a + b
-'''
+''' + (FIXTURES / "legit" / "torch_elementwise.py").read_text()
 
 
 def _alive(pid: int) -> bool:

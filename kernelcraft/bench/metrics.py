@@ -196,6 +196,7 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
         "task_jobs": opts.task_jobs if not source.has_candidates else None,  # how it ran, not part of the protocol
         "baselines_only": opts.baselines_only, "protocol": protocol, "resumed": resumed,
         "evaluated": evaluated,
-        "wall_s": round(wall, 2), "time_use": time_use(out, levels), "notes": source.notes, "errors": errors,
+        "wall_s": round(wall, 2), "time_use": time_use(records.values(), base.values(), out / "runs", levels),
+        "notes": source.notes, "errors": errors,
         "verdicts": str(out / "verdicts.jsonl"), "items": rows,
     }

@@ -213,7 +213,8 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                     stats["from_run"] += 1
                 elif opts.baseline_cache and (rec := cache.get(ck)) is not None:
                     stats["cache_hits"] += 1
-                    base_log.append({**rec, "key": ck, "cached": True})
+                    rec = {**rec, "key": ck, "cached": True}  # as a resume reads it back: measured elsewhere
+                    base_log.append(rec)
                 if rec is not None:
                     base[(sha, b)] = rec
                 else:

@@ -3,14 +3,16 @@ and on it, per worker phase.
 
 Design decisions
 - Measure before cutting (issue 20): every verdict carries its worker's phase times (`phases_s`), so they are read
-  back from what the run directory holds, whichever invocation measured them. A bench resumed over several device
-  calls reports its total across them, not the last call's. Sources:
-  - `verdicts.jsonl`: the bench's own judgements (a given candidate, an optimize run's best.py): kind `candidate`;
-  - `baselines.jsonl`: kind = the baseline's name; lines taken from the shared cache (`cached`) are left out, they
+  back from everything the run directory holds, whichever invocation measured it. A bench resumed over several
+  device calls reports its total across them, not the last call's. Sources:
+  - the bench's own judgements (`verdicts.jsonl` as its log holds them: a given candidate, an optimize run's
+    best.py): kind `candidate`;
+  - its baselines (kind = the baseline's name); those taken from the shared cache (`cached`) are left out, they
     were measured elsewhere;
-  - each optimize run's database (`runs/*/run.db`, opened read-only): kind `search` for its candidates, `confirm`
-    for its confirmations, `null` for its null control. Verdicts handed to a run from the bench's baselines
-    (marked `shared`) are left out: they are counted once, as baselines.
+  - each optimize run's database (`runs/*/run.db`, opened read-only: `RunDB` would create its schema): kind
+    `search` for its candidates, `confirm` for its confirmations, `null` for its null control. Verdicts handed to a
+    run from the bench's baselines (marked `shared`) are left out: they are counted once, as baselines.
+  The two logs are passed in as the bench already read them (`run._Log`), not read again here.
 - Three clocks per evaluation, split as the runner splits them: off the device (start-up, build, imports:
   `runner.BUILD_PHASES`), waiting for it (`runner.WAIT_PHASES`), and every other phase on it (the judge's device
   phase, under the device lock on a GPU). The device seconds bound a GPU's throughput: their sum is the least wall
@@ -25,11 +27,10 @@ from __future__ import annotations
 import json
 import sqlite3
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
 
 from kernelcraft.judge.runner import BUILD_PHASES, WAIT_PHASES
-
-KINDS_FROM_RUNS = ("search", "confirm", "null")
 
 
 def _clocks(phases: dict) -> tuple[float, float, float]:
@@ -45,18 +46,6 @@ def _clocks(phases: dict) -> tuple[float, float, float]:
         else:
             on += s
     return off, wait, on
-
-
-def _jsonl(path: Path):
-    if not path.is_file():
-        return
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash: the bench's own reader skips it too
-        if isinstance(rec, dict):
-            yield rec
 
 
 def _run_records(db: Path):
@@ -85,17 +74,17 @@ def _run_records(db: Path):
             yield kind, sha, v
 
 
-def records(out: Path):
-    """(kind, task sha256 or None, level or None, verdict) for every evaluation the run directory `out` holds."""
-    out = Path(out)
-    for rec in _jsonl(out / "verdicts.jsonl"):
+def records(verdicts: Iterable[dict], baselines: Iterable[dict], runs: Path):
+    """(kind, task sha256 or None, level or None, verdict) for every evaluation: the bench's verdict records, its
+    baseline records, and the optimize runs' databases under `runs`."""
+    for rec in verdicts:
         if rec.get("status") in ("input_error", "no_candidate"):
             continue  # settled by the bench: no evaluation
         yield "candidate", rec.get("task_sha256"), rec.get("level"), rec
-    for rec in _jsonl(out / "baselines.jsonl"):
+    for rec in baselines:
         if not rec.get("cached"):
             yield str(rec.get("baseline") or "baseline"), rec.get("task_sha256"), None, rec
-    for db in sorted((out / "runs").glob("*/run.db")) if (out / "runs").is_dir() else []:
+    for db in sorted(Path(runs).glob("*/run.db")) if Path(runs).is_dir() else []:
         for kind, sha, v in _run_records(db):
             yield kind, sha, None, v
 
@@ -129,12 +118,12 @@ def _done(b: dict) -> dict:
             "phases_s": {k: round(v, 1) for k, v in sorted(b["phases_s"].items(), key=lambda kv: -kv[1])}}
 
 
-def time_use(out: Path, levels: dict | None = None) -> dict:
-    """The run directory's evaluations summed: overall, `by_kind` and `by_level` (`levels`: task sha256 -> level,
-    for the records that do not carry their level). Empty blocks are left out."""
+def time_use(verdicts: Iterable[dict], baselines: Iterable[dict], runs: Path, levels: dict | None = None) -> dict:
+    """The evaluations (`records`) summed: overall, `by_kind` and `by_level` (`levels`: task sha256 -> level, for the
+    records that do not carry their level). Empty blocks are left out."""
     levels = levels or {}
     total, kinds, by_level = _block(), {}, {}
-    for kind, sha, level, v in records(out):
+    for kind, sha, level, v in records(verdicts, baselines, runs):
         phases = v.get("phases_s") or {}
         level = level if level is not None else levels.get(sha)
         _add(total, sha, phases)

@@ -449,9 +449,7 @@ def get(env: dict, root: Path) -> Zygote | None:
             if z.active == 0:
                 z.close()
             if z.proc.poll() == EXTRAS_BROKE_FORK:  # a new one would do the same: spawn from now on
-                _DISABLED[key] = "importing Triton and dynamo initialised CUDA"
-                print(f"kernelcraft: worker zygote unusable ({_DISABLED[key]}); spawning workers", file=sys.stderr)
-                return None
+                return _disable(key, "importing Triton and dynamo initialised CUDA")
         idle = sorted((z.used, k) for k, z in _ZYGOTES.items() if z.active == 0)
         while len(_ZYGOTES) >= MAX_ZYGOTES and idle:
             _ZYGOTES.pop(idle.pop(0)[1]).close()
@@ -459,11 +457,15 @@ def get(env: dict, root: Path) -> Zygote | None:
         zdir.mkdir(parents=True, exist_ok=True)
         z = Zygote(base, zdir / f"zygote-{os.getpid()}.log")
         if not z.ready:
-            _DISABLED[key] = z.why or "unknown"
-            print(f"kernelcraft: worker zygote unusable ({z.why}); spawning workers", file=sys.stderr)
-            return None
+            return _disable(key, z.why or "unknown")
         _ZYGOTES[key] = z
         return z
+
+
+def _disable(key: tuple, why: str) -> None:
+    """No zygote for this environment from now on (callers spawn); said once. Called under `_LOCK`."""
+    _DISABLED[key] = why
+    print(f"kernelcraft: worker zygote unusable ({why}); spawning workers", file=sys.stderr)
 
 
 def shutdown() -> None:

@@ -23,11 +23,11 @@ Design decisions
   confirmed numbers decide and are reported (the best of many noisy measurements is biased upwards;
   a re-measurement is not). A leader whose own 95% interval lies wholly below the number a leader before it
   confirmed is not re-measured: it would not be the best, and a bench pays each confirmation in device time
-  (issue 20: confirmations sized to what the statistics need). `OUT/best.py` is written only for such a candidate, byte-identical to what
-  was verified; otherwise there is no best.py and the status says why. The reference itself is never
-  passed off as an optimisation. best.py is a drop-in for a user's trained model: a candidate whose
-  state_dict keys and shapes are not the reference's (the verdict's `weights.matched` is False) is never
-  a leader, and every correct candidate has passed the judge's trial with new weights loaded.
+  (issue 20: confirmations sized to what the statistics need). `OUT/best.py` is written only for such a
+  candidate, byte-identical to what was verified; otherwise there is no best.py and the status says why. The
+  reference itself is never passed off as an optimisation. best.py is a drop-in for a user's trained model:
+  a candidate whose state_dict keys and shapes are not the reference's (the verdict's `weights.matched` is
+  False) is never a leader, and every correct candidate has passed the judge's trial with new weights loaded.
 - The run's `Protocol` (resolved for its device) is pinned in the database: a resume under other rules
   is refused rather than mixing their numbers in one leaderboard. Search settings may change on resume.
 - Stops on: budget (candidates), wall-time limit, `patience` rounds without a >1% improvement of the
@@ -381,7 +381,7 @@ class _Run:
                     break
                 c = self.db.confirmations().get(r.id)
                 if c is None and ok and r.ci_high is not None and r.ci_high < max(x["speedup"] for _, x in ok):
-                    continue  # its own interval lies below a confirmed leader's number: it would not be the best
+                    continue  # its interval lies below a confirmed leader's number: it would not be the best
                 if c is None:
                     tries += 1
                     self.emit("confirm_start", id=r.id)
