@@ -15,9 +15,10 @@ from kernelcraft.search.policies import Proposal
 from kernelcraft.search.rundb import RunDB
 from kernelcraft.task import load_task
 
-from conftest import FIXTURES
+from conftest import FIXTURES, run_story
 
 DIAG = FIXTURES / "tasks" / "diag_matmul_1024.py"
+DIAG_TALL = FIXTURES / "tasks" / "diag_matmul_tall.py"  # ~8x: where a test needs a confirmed win, not a speed
 NO_COMPILE = {"skip": ["compile"]}  # torch.compile on 2 CPU cores costs minutes; covered on the GPU
 
 
@@ -25,16 +26,16 @@ NO_COMPILE = {"skip": ["compile"]}  # torch.compile on 2 CPU cores costs minutes
 def diag_run(tmp_path_factory, cache_dir):
     out = tmp_path_factory.mktemp("diag-run")
     events = []
-    res = optimize(DIAG, out, Options(device="cpu", budget=4, confirm=1, policy_options=NO_COMPILE),
+    res = optimize(DIAG_TALL, out, Options(device="cpu", budget=4, confirm=1, policy_options=NO_COMPILE),
                    on_event=lambda kind, **d: events.append((kind, d)))
     return out, res, events
 
 
 def test_recipes_find_the_diag_rewrite(diag_run):
     out, res, events = diag_run
-    assert res.status == "improved", res
-    # 4-7x: the candidate's speed differs between its processes on the 2-core host (one read 3.9x, its sibling 6.7x),
-    # and the confirmed interval spans both (two interleaved processes, the CPU default)
+    assert res.status == "improved", f"{res}\n{run_story(out)}"
+    # ~8x (5-12x): the candidate's speed differs between its processes on the 2-core host, and the confirmed
+    # interval spans them (interleaved processes, the CPU default); at N = M = 1024 it read 3.4-5.5x, too near 3
     assert res.best_speedup >= 3.0, res
     assert res.confirmed and res.best_ci95[0] > 1.0
     best = (out / "best.py").read_text()
@@ -52,7 +53,7 @@ def test_recipes_find_the_diag_rewrite(diag_run):
 
 def test_rerun_is_a_noop_and_json_is_the_last_line(diag_run, cache_dir):
     out, res, _ = diag_run
-    r = CliRunner().invoke(app, ["optimize", str(DIAG), "--device", "cpu", "--budget", "4", "--confirm", "1",
+    r = CliRunner().invoke(app, ["optimize", str(DIAG_TALL), "--device", "cpu", "--budget", "4", "--confirm", "1",
                                  "--skip", "compile", "--out", str(out), "--json"])
     assert r.exit_code == 0, r.output
     rec = json.loads(r.stdout.strip().splitlines()[-1])
@@ -160,7 +161,7 @@ import torch.nn as nn
 
 
 class Model(nn.Module):
-    """relu(Linear(x)), computed eight times over (a slow reference with weights)."""
+    """relu(Linear(x)), computed sixteen times over (a slow reference with weights)."""
 
     def __init__(self, d_in, d_out):
         super().__init__()
@@ -168,7 +169,7 @@ class Model(nn.Module):
 
     def forward(self, x):
         out = None
-        for _ in range(8):
+        for _ in range(16):
             out = torch.relu(self.fc(x))
         return out
 
@@ -178,7 +179,7 @@ D_OUT = 96
 
 
 def get_inputs():
-    return [torch.randn(1024, D_IN)]  # calls of ~1 ms, well above the round trip: the 4x is resolvable
+    return [torch.randn(1024, D_IN)]  # calls of ~2 ms: the drop-in's ~6x holds its lower bound above 1 on a loaded 2-core host (8 rounds read 3x, CI 1.05)
 
 
 def get_init_inputs():
@@ -253,7 +254,7 @@ def test_best_py_loads_the_references_state_dict(tmp_path, cache_dir):
     db = RunDB(out)
     renamed = next(r for r in db.rows() if r.source == FAST_RENAMED)
     assert renamed.correct and renamed.verdict["weights"]["matched"] is False  # correct, but no drop-in
-    assert res.status == "improved", res
+    assert res.status == "improved", f"{res}\n{run_story(out)}"
     assert (out / "best.py").read_text() == FAST_DROP_IN
     assert db.get(res.best_candidate).verdict["weights"]["checked"]
     assert_drop_in(task, out / "best.py")
