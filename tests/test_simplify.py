@@ -172,6 +172,63 @@ def test_size1_reduction_near_misses():
     assert changed == [False]  # would return the caller's input itself
 
 
+# ---- consecutive pools merged ------------------------------------------------------------------------------
+
+X3 = torch.randn(2, 3, 13, 14, 12)  # sizes that pools do not divide: the floor of the floor must match
+
+
+def test_pool_merge():
+    ops, code = _check(_m(lambda s, x: s.mods[1](s.mods[0](torch.sin(x))), nn.MaxPool3d(2), nn.MaxPool3d(3)), [X3],
+                       "pool_merge")
+    assert ops == ["sin", "max_pool3d"] and "(6, 6, 6)" in code
+    ops, _ = _check(_m(lambda s, x: s.mods[1](s.mods[0](torch.sin(x))), nn.AvgPool3d(2), nn.AvgPool3d(2)), [X3],
+                    "pool_merge")
+    assert ops == ["sin", "avg_pool3d"]
+    ops, code = _check(_m(lambda s, x: F.max_pool2d(F.max_pool2d(F.max_pool2d(torch.sin(x), 2), (1, 2)), 3)),
+                       [torch.randn(2, 3, 37, 41)], "pool_merge")
+    assert ops == ["sin", "max_pool2d"] and "(6, 12)" in code  # three in a row: one pool
+    ops, _ = _check(_m(lambda s, x: F.avg_pool1d(F.avg_pool1d(torch.sin(x), 2, stride=2), kernel_size=3)),
+                    [torch.randn(4, 5, 50)], "pool_merge")
+    assert ops == ["sin", "avg_pool1d"]
+
+
+def test_pool_merge_near_misses():
+    pair = lambda a, b: _m(lambda s, x: s.mods[1](s.mods[0](torch.sin(x))), a, b)  # noqa: E731
+    _check(pair(nn.MaxPool3d(2), nn.AvgPool3d(2)), [X3], "pool_merge", applies=False)  # a max and an average
+    _check(pair(nn.MaxPool3d(3, stride=2), nn.MaxPool3d(2)), [X3], "pool_merge", applies=False)  # windows overlap
+    _check(pair(nn.AvgPool3d(2), nn.AvgPool3d(2, padding=1)), [X3], "pool_merge", applies=False)  # padded
+    _check(pair(nn.MaxPool3d(2, ceil_mode=True), nn.MaxPool3d(2)), [X3], "pool_merge", applies=False)
+    _check(pair(nn.MaxPool3d(2, dilation=2), nn.MaxPool3d(2)), [X3], "pool_merge", applies=False)
+    _check(pair(nn.AvgPool3d(2, divisor_override=3), nn.AvgPool3d(2)), [X3], "pool_merge", applies=False)
+    _check(_m(lambda s, x: (lambda y: F.max_pool2d(y, 2) + F.max_pool2d(y, 2).mean())(F.max_pool2d(torch.sin(x), 2)),),
+           [torch.randn(2, 3, 16, 16)], "pool_merge", applies=False)  # the inner pool is read twice
+    _check(_m(lambda s, x: F.max_pool1d(F.max_pool2d(torch.sin(x), 2), 2)), [torch.randn(3, 8, 8)], "pool_merge",
+           applies=False)  # different ranks (a 2-D pool of an unbatched image, then a 1-D pool of its rows)
+
+
+def test_pool_merge_after_a_sink():
+    """A monotone activation between two max pools sinks past the second; the pools then merge."""
+    model = _m(lambda s, x: F.max_pool2d(torch.relu(F.max_pool2d(torch.sin(x), 2)), 2))
+    x = torch.randn(2, 3, 18, 18)
+    gm, changed = _apply(model, [x], ["sink_pointwise", "pool_merge"])
+    assert changed == [True, True] and _ops(gm) == ["sin", "max_pool2d", "relu"]
+    torch.testing.assert_close(gm(x), model(x))
+
+
+def test_pool_merge_pipeline_renders_correct_source():
+    from test_recipes import _same_as_reference
+    task = load_task(FIXTURES / "tasks" / "pool_chain.py")
+    a = rewrite.analyze(task.source)
+    assert a.traced, a.error
+    assert {"sink_pointwise", "pool_merge"} <= set(a.rules), a.rules
+    code = a.variant(["sink_pointwise", "pool_merge"])["code"]
+    assert code.count("max_pool2d(") == 1 and code.count("avg_pool2d(") == 1 and "pool1" not in code, code
+    for key in a.variants:
+        rules = [r for r in key.split("+") if r]
+        if rules:
+            assert _same_as_reference(task, wrappers.render(task.source, [f"rewrite:{r}" for r in rules], a)), key
+
+
 # ---- pointwise ops sunk past reductions / pools -------------------------------------------------------------
 
 def test_sink_pointwise():

@@ -22,6 +22,7 @@ TOKEN_TECHNIQUES = {
     "rewrite:size1_reduce": "short-circuit (reduction over a size-1 dim is the input)",
     "rewrite:sink_pointwise": "algebraic rewrite (pointwise op moved past a reduction/pool)",
     "rewrite:fuse_activation": "fused activation (x*sigmoid(x) -> silu, ...)",
+    "rewrite:pool_merge": "algebraic rewrite (two tiling pools merged into one)",
     "triton": "fusion (Triton elementwise kernel)",
     "tuned": "tuned Triton kernel (GEMM + epilogue or row norm template)",
     "compile:default": "torch.compile (default)",

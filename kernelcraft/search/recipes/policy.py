@@ -64,7 +64,7 @@ BASELINES = {"cuda": ["compile:default", "cudagraph"], "cpu": ["compile:default"
 # Prior guesses of ln(speedup) of each token alone, by device kind.
 GRAPH_SAFE_MODES = {"compile:default", "compile:max-autotune-no-cudagraphs"}  # compose with `cudagraph`
 SIMPLIFY_PRIORS = {"rewrite:size1_reduce": 0.3, "rewrite:sink_pointwise": 0.2, "rewrite:clamp_chain": 0.15,
-                   "rewrite:fuse_activation": 0.15, "rewrite:identities": 0.1}
+                   "rewrite:fuse_activation": 0.15, "rewrite:identities": 0.1, "rewrite:pool_merge": 0.1}
 
 PRIORS = {
     "cuda": {**SIMPLIFY_PRIORS, "rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0, "rewrite:dead_code": 0.3,

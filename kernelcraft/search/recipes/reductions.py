@@ -1,5 +1,5 @@
 """Rules about reductions and pools: reductions over size-1 dims, pointwise ops moved past the reductions/pools
-that shrink their input.
+that shrink their input, consecutive pools merged.
 
 Design decisions
 - Same contract and exactness as `simplify` (whose helpers this uses): generic FX rewrites, exact in real
@@ -14,6 +14,8 @@ Design decisions
   fresh tensor nothing else reads: the VGG-style conv -> ReLU(inplace) -> max pool), and mean(y -/+ p) for a parameter p
   that varies only along the reduced dims becomes mean(y) -/+ p.mean(). This also exposes
   `reduce_linear` (sum(x @ W^T / 2) -> sum(x @ W^T) / 2 -> a GEMV).
+  `pool_merge`: two max pools, or two average pools, of the same rank whose windows tile their inputs
+  (stride = kernel, no padding, dilation 1, floor mode) -> one pool with the product kernel.
 - Moves that shrink nothing are not made (a pointwise op after a pool touches fewer elements; before a
   same-size op it gains nothing), and a reduction whose indices are read is left alone.
 """
@@ -292,4 +294,84 @@ def rule_sink_pointwise(gm) -> bool:
     return changed
 
 
-RULES = {"size1_reduce": rule_size1_reduce, "sink_pointwise": rule_sink_pointwise}
+# ---- consecutive pools merged -------------------------------------------------------------------------
+
+def _tuple(v, rank):
+    if isinstance(v, int):
+        return (v,) * rank
+    return tuple(v) if isinstance(v, (tuple, list)) and len(v) == rank and all(isinstance(i, int) for i in v) \
+        else None
+
+
+def _tiling_pool(gm, n):
+    """(kind, rank, kernel) for a pool whose windows tile its input: stride = kernel, no padding, dilation 1,
+    floor mode, no indices and (averages) no divisor override; else None."""
+    F = _torch_nn().functional
+    mod = _module(gm, n)
+    if mod is not None:
+        name = type(mod).__name__
+        if name not in ("MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d"):
+            return None
+        kind, rank = name[:3].lower(), int(name[-2])
+        if len(n.args) != 1 or n.kwargs:
+            return None
+        p = {"kernel_size": mod.kernel_size, "stride": mod.stride, "padding": mod.padding,
+             "dilation": getattr(mod, "dilation", 1), "ceil_mode": mod.ceil_mode,
+             "return_indices": getattr(mod, "return_indices", False),
+             "divisor_override": getattr(mod, "divisor_override", None)}
+    else:
+        fns = {F.max_pool1d: ("max", 1), F.max_pool2d: ("max", 2), F.max_pool3d: ("max", 3),
+               F.avg_pool1d: ("avg", 1), F.avg_pool2d: ("avg", 2), F.avg_pool3d: ("avg", 3)}
+        if n.op != "call_function" or n.target not in fns:
+            return None
+        kind, rank = fns[n.target]
+        names = (("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices") if kind == "max"
+                 else ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"))
+        if len(n.args) > 1 + len(names) or set(n.kwargs) - set(names):
+            return None
+        p = {k: _arg(n, i + 1, k) for i, k in enumerate(names)}
+    kernel = _tuple(p["kernel_size"], rank)
+    stride = kernel if p["stride"] in (None, [], ()) else _tuple(p["stride"], rank)
+    ok = kernel is not None and stride == kernel and _tuple(p["padding"] or 0, rank) == (0,) * rank \
+        and _tuple(p.get("dilation") or 1, rank) == (1,) * rank and not p["ceil_mode"] \
+        and not p.get("return_indices") and p.get("divisor_override") is None
+    return (kind, rank, kernel) if ok else None
+
+
+def _merge_pools(gm, n) -> bool:
+    g = gm.graph
+    if not n.args or not hasattr(n.args[0], "op"):
+        return False
+    a = n.args[0]
+    outer, inner = _tiling_pool(gm, n), _tiling_pool(gm, a)
+    if outer is None or inner is None or outer[:2] != inner[:2] or len(a.users) != 1 or not _is_float(a):
+        return False
+    if _shape(n) is None or not a.args or not hasattr(a.args[0], "op") or _shape(a.args[0]) is None:
+        return False
+    kind, rank = outer[:2]
+    kernel = tuple(i * o for i, o in zip(inner[2], outer[2]))
+    F = _torch_nn().functional
+    fn = getattr(F, f"{kind}_pool{rank}d")
+    with g.inserting_before(n):
+        merged = g.call_function(fn, (a.args[0],), {"kernel_size": kernel, "stride": kernel})
+    merged.meta = dict(n.meta)
+    n.replace_all_uses_with(merged)
+    g.erase_node(n)
+    g.erase_node(a)
+    return True
+
+
+def rule_pool_merge(gm) -> bool:
+    """pool_b(pool_a(x)) -> one pool, for two max pools or two average pools of the same rank whose windows
+    tile their inputs (stride = kernel, no padding, dilation 1, floor mode): the windows nest, so the merged
+    kernel is the product. floor(floor(D / a) / b) = floor(D / ab), so the output shape is the same; a max is
+    exact and an average of equal-size averages is the average of their union. One pass over the input instead
+    of two, and no intermediate."""
+    changed = False
+    for n in list(gm.graph.nodes):
+        if _alive(n) and n.op.startswith("call") and _merge_pools(gm, n):
+            changed = True
+    return changed
+
+
+RULES = {"size1_reduce": rule_size1_reduce, "sink_pointwise": rule_sink_pointwise, "pool_merge": rule_pool_merge}

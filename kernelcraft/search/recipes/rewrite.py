@@ -33,7 +33,8 @@ from kernelcraft.search.recipes import activations, fxrules, reductions, simplif
 from kernelcraft.search.recipes.fxrules import _dtype, _torch
 
 # simplifications first: they expose work for the others (sum(x @ W.T / 2) -> sum(x @ W.T) / 2 -> a GEMV)
-RULE_ORDER = ("identities", "clamp_chain", "size1_reduce", "sink_pointwise", "fuse_activation") + fxrules.RULE_ORDER
+RULE_ORDER = ("identities", "clamp_chain", "size1_reduce", "sink_pointwise", "pool_merge",
+              "fuse_activation") + fxrules.RULE_ORDER
 RULES = {**simplify.RULES, **reductions.RULES, **activations.RULES, **fxrules.RULES}
 MAX_FULL_SUBSETS = 5  # more applicable rules than this: render singletons, all, and all-but-one only
 
