@@ -229,6 +229,57 @@ def test_pool_merge_pipeline_renders_correct_source():
             assert _same_as_reference(task, wrappers.render(task.source, [f"rewrite:{r}" for r in rules], a)), key
 
 
+# ---- average pools over a linear map's outputs ----------------------------------------------------------------
+
+def test_pool_linear():
+    lin = nn.Linear(32, 64)
+    ops, code = _check(_m(lambda s, x: s.mods[0](s.mods[1](x).unsqueeze(1)).squeeze(1), nn.AvgPool1d(4), lin),
+                       [V[:, :32]], "pool_linear")  # KernelBench's form: pool(linear(x).unsqueeze(1)).squeeze(1)
+    assert "Linear" not in ops and "avg_pool1d" not in ops and {"unflatten", "mean", "matmul"} <= set(ops)
+    ops, _ = _check(_m(lambda s, x: F.avg_pool1d(s.mods[0](x), 3, stride=3), nn.Linear(32, 66)),
+                    [torch.randn(4, 5, 32)], "pool_linear")  # a 3-D input; 66 / 3 pools all features
+    assert "Linear" not in ops
+    ops, _ = _check(_m(lambda s, x: F.avg_pool1d(s.mods[0](x).unsqueeze(0), 4).squeeze(0), nn.Linear(32, 70)),
+                    [V[:, :32]], "pool_linear")  # floor mode: the last 70 % 4 = 2 features are dropped, as in the pool
+    ops, _ = _check(_m(lambda s, x: F.avg_pool1d((x @ s.w.T).unsqueeze(1), 8).squeeze(1), w=torch.randn(64, 40)),
+                    [V], "pool_linear")  # x @ W.T with a parameter W [out, in]
+    assert "avg_pool1d" not in ops and "getattr" not in ops, ops  # the reference's W.T is gone with its matmul
+    _check(_m(lambda s, x: F.avg_pool1d((x @ s.w).unsqueeze(1), 8).squeeze(1), w=torch.randn(40, 64)), [V],
+           "pool_linear")  # x @ W, W [in, out]
+
+
+def test_pool_linear_near_misses():
+    pooled = lambda pool: _m(lambda s, x: pool(s.mods[0](x).unsqueeze(1)).squeeze(1), nn.Linear(40, 64))  # noqa: E731
+    _check(pooled(lambda y: F.avg_pool1d(y, 4, stride=2)), [V], "pool_linear", applies=False)  # windows overlap
+    _check(pooled(lambda y: F.avg_pool1d(y, 4, padding=1)), [V], "pool_linear", applies=False)
+    _check(pooled(lambda y: F.avg_pool1d(y, 4, ceil_mode=True)), [V], "pool_linear", applies=False)
+    _check(pooled(lambda y: F.max_pool1d(y, 4)), [V], "pool_linear", applies=False)  # a max is not affine
+    _check(_m(lambda s, x: (lambda y: F.avg_pool1d(y.unsqueeze(1), 4).squeeze(1) + y.mean())(s.mods[0](x)),
+              nn.Linear(40, 64)), [V], "pool_linear", applies=False)  # the outputs are read again
+    _check(_m(lambda s, x: F.avg_pool1d(s.mods[0](x).unsqueeze(-1), 1).squeeze(-1), nn.Linear(40, 64)), [V],
+           "pool_linear", applies=False)  # the pool runs along a new size-1 dim, not the features
+    _check(_m(lambda s, x: F.avg_pool1d(torch.sin(x).unsqueeze(1), 4).squeeze(1)), [V], "pool_linear", applies=False)
+
+
+def test_pool_linear_pipeline_renders_correct_source():
+    from test_recipes import _same_as_reference
+    task = load_task(FIXTURES / "tasks" / "linear_avgpool.py")
+    a = rewrite.analyze(task.source)
+    assert a.traced, a.error
+    assert "pool_linear" in a.rules, a.rules
+    code = a.variant(["pool_linear"])["code"]
+    assert "unflatten(" in code and "matmul(" in code and "self.avg_pool(" not in code, code
+    from kernelcraft.search.recipes.policy import RecipesPolicy
+    from test_recipes import GPU, _ctx
+    first = [tuple(p.meta["recipe"]) for p in RecipesPolicy(analysis=a).propose(_ctx(task, GPU, [], k=3))]
+    assert first == [("compile:default", "cudagraph", "rewrite:pool_linear", "rewrite:sink_pointwise"),
+                     ("rewrite:pool_linear",), ("compile:default",)]  # budget 3: the composite, the rule alone, compile
+    for key in a.variants:
+        rules = [r for r in key.split("+") if r]
+        if rules:
+            assert _same_as_reference(task, wrappers.render(task.source, [f"rewrite:{r}" for r in rules], a)), key
+
+
 # ---- pointwise ops sunk past reductions / pools -------------------------------------------------------------
 
 def test_sink_pointwise():

@@ -23,6 +23,7 @@ TOKEN_TECHNIQUES = {
     "rewrite:sink_pointwise": "algebraic rewrite (pointwise op moved past a reduction/pool)",
     "rewrite:fuse_activation": "fused activation (x*sigmoid(x) -> silu, ...)",
     "rewrite:pool_merge": "algebraic rewrite (two tiling pools merged into one)",
+    "rewrite:pool_linear": "algebraic rewrite (average-pool the weights, not the outputs)",
     "triton": "fusion (Triton elementwise kernel)",
     "tuned": "tuned Triton kernel (GEMM + epilogue or row norm template)",
     "compile:default": "torch.compile (default)",

@@ -16,7 +16,8 @@ Design decisions
   `RULE_ORDER` ran (a simplification can expose a `reduce_linear`). A subset whose rendered forward is
   one a smaller subset (or the reference) already has gets no variant: it would be the same candidate. With more than `MAX_FULL_SUBSETS`
   applicable rules not every subset is rendered (2^n traces): singletons, all, and all-but-one.
-- The rules themselves live in `fxrules`, `simplify`, `reductions` and `activations`; the Triton elementwise fusion in `tritonfuse`.
+- The rules themselves live in `fxrules`, `simplify`, `reductions`, `poollinear` and `activations`; the Triton
+  elementwise fusion in `tritonfuse`.
 """
 from __future__ import annotations
 
@@ -29,13 +30,13 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from kernelcraft.search.recipes import activations, fxrules, reductions, simplify, tritonfuse, tunematch
+from kernelcraft.search.recipes import activations, fxrules, poollinear, reductions, simplify, tritonfuse, tunematch
 from kernelcraft.search.recipes.fxrules import _dtype, _torch
 
 # simplifications first: they expose work for the others (sum(x @ W.T / 2) -> sum(x @ W.T) / 2 -> a GEMV)
-RULE_ORDER = ("identities", "clamp_chain", "size1_reduce", "sink_pointwise", "pool_merge",
+RULE_ORDER = ("identities", "clamp_chain", "size1_reduce", "sink_pointwise", "pool_merge", "pool_linear",
               "fuse_activation") + fxrules.RULE_ORDER
-RULES = {**simplify.RULES, **reductions.RULES, **activations.RULES, **fxrules.RULES}
+RULES = {**simplify.RULES, **reductions.RULES, **poollinear.RULES, **activations.RULES, **fxrules.RULES}
 MAX_FULL_SUBSETS = 5  # more applicable rules than this: render singletons, all, and all-but-one only
 
 REF_MODULE = "kc_reference"
