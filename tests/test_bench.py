@@ -51,7 +51,7 @@ def _text(p: Path) -> str:
 def write_pairs(path: Path) -> Path:
     """6 scorable rows (honest fast, honest slow, wrong, two cheats, no candidate) and 2 broken ones."""
     rows = [
-        {"level_id": 1, "task_id": 1, "ref_code": _text(TASKS / "tiny_diag_matmul.py"),
+        {"level_id": 1, "task_id": 1, "ref_code": _text(TASKS / "diag_matmul_tall.py"),  # ~8x: far from the thresholds
          "custom_code": _text(LEGIT / "diag_matmul_rowscale.py"), "score_default": 9.9, "note": "kept"},
         {"level_id": 1, "task_id": 2, "ref_code": _text(TASKS / "tiny_elementwise.py"), "custom_code": SLOW},
         {"level_id": 1, "task_id": 3, "ref_code": _text(TASKS / "tiny_elementwise.py"),
