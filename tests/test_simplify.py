@@ -280,6 +280,84 @@ def test_pool_linear_pipeline_renders_correct_source():
             assert _same_as_reference(task, wrappers.render(task.source, [f"rewrite:{r}" for r in rules], a)), key
 
 
+# ---- a convolution's global sum or mean -------------------------------------------------------------------------
+
+def test_conv_reduce_helper_matches_pytorch_convolutions():
+    """The helper against PyTorch's own convolutions in float64, over random strides, paddings, dilations, output
+    paddings, kernel and input sizes, 1-3 spatial dims, with and without a bias."""
+    import random
+
+    from kernelcraft.search.recipes.convreduce import _helper
+    rng, ran = random.Random(0), 0
+    for _ in range(120):
+        nd, transposed = rng.choice([1, 2, 3]), rng.random() < 0.5
+        k, s, d, p = rng.choice([1, 2, 3, 5]), rng.choice([1, 2, 3]), rng.choice([1, 2]), rng.choice([0, 1, 2])
+        kw = dict(stride=s, padding=p, dilation=d, bias=rng.random() < 0.7)
+        if transposed:
+            kw["output_padding"] = rng.randrange(0, max(s, d))
+        size = rng.randrange(d * (k - 1) + 1, 10 if nd == 3 else 18)
+        conv = getattr(nn, ("ConvTranspose" if transposed else "Conv") + f"{nd}d")(3, 4, k, **kw).double()
+        x = torch.randn(2, 3, *([size] * nd), dtype=torch.float64)
+        try:
+            y = conv(x)
+        except RuntimeError:
+            continue  # a configuration PyTorch refuses (an empty output)
+        ran += 1
+        got = _helper()(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation,
+                        getattr(conv, "output_padding", (0,) * nd), transposed, True, False)
+        torch.testing.assert_close(got, y.mean(dim=list(range(2, 2 + nd))), rtol=1e-9, atol=1e-9)
+    assert ran > 100
+
+
+def test_conv_reduce():
+    x = torch.randn(2, 3, 17, 15)
+    ops, code = _check(_m(lambda s, x: s.mods[0](x).mean(dim=[2, 3], keepdim=True),
+                          nn.ConvTranspose2d(3, 8, 3, stride=2, padding=1, output_padding=1)), [x], "conv_reduce")
+    assert ops == ["_kc_conv_reduce"], ops
+    ops, _ = _check(_m(lambda s, x: s.mods[1](s.mods[0](x)), nn.Conv2d(3, 8, 3, padding=1), nn.AdaptiveAvgPool2d(1)),
+                    [x], "conv_reduce")
+    assert ops == ["_kc_conv_reduce"]
+    ops, _ = _check(_m(lambda s, x: torch.sum(s.mods[0](x), dim=(-1,)), nn.Conv1d(3, 5, 4, stride=3)),
+                    [torch.randn(4, 3, 50)], "conv_reduce")
+    ops, _ = _check(_m(lambda s, x: F.adaptive_avg_pool3d(s.mods[0](x), (1, 1, 1)).flatten(1),
+                       nn.Conv3d(3, 4, 3, dilation=2, bias=False)), [torch.randn(2, 3, 9, 8, 7)], "conv_reduce")
+    assert "Conv3d" not in ops
+
+
+def test_conv_reduce_near_misses():
+    x = torch.randn(2, 4, 12, 12)
+    _check(_m(lambda s, x: s.mods[0](x).mean(dim=[2, 3]), nn.Conv2d(4, 8, 3, groups=2)), [x], "conv_reduce",
+           applies=False)  # grouped
+    _check(_m(lambda s, x: s.mods[0](x).mean(dim=[2, 3]), nn.Conv2d(4, 8, 3, padding=1, padding_mode="reflect")),
+           [x], "conv_reduce", applies=False)
+    _check(_m(lambda s, x: s.mods[0](x).mean(dim=2), nn.Conv2d(4, 8, 3)), [x], "conv_reduce", applies=False)  # one dim
+    _check(_m(lambda s, x: s.mods[0](x).mean(dim=[1, 2, 3]), nn.Conv2d(4, 8, 3)), [x], "conv_reduce", applies=False)
+    _check(_m(lambda s, x: (lambda y: y.mean(dim=[2, 3]) + y.amax())(s.mods[0](x)), nn.Conv2d(4, 8, 3)), [x],
+           "conv_reduce", applies=False)  # the convolution's output is read again
+    _check(_m(lambda s, x: torch.relu(s.mods[0](x)).mean(dim=[2, 3]), nn.Conv2d(4, 8, 3)), [x], "conv_reduce",
+           applies=False)  # not linear
+    _check(_m(lambda s, x: F.adaptive_avg_pool2d(s.mods[0](x), 2), nn.Conv2d(4, 8, 3)), [x], "conv_reduce",
+           applies=False)  # not global
+
+
+def test_conv_reduce_pipeline_renders_correct_source():
+    from test_recipes import _same_as_reference
+    task = load_task(FIXTURES / "tasks" / "convtranspose_global_mean.py")
+    a = rewrite.analyze(task.source)
+    assert a.traced, a.error
+    assert {"size1_reduce", "sink_pointwise", "conv_reduce"} <= set(a.rules), a.rules
+    code = a.variant(["size1_reduce", "sink_pointwise", "conv_reduce"])["code"]
+    assert "conv_transpose(" not in code and "_kc_conv_reduce" in code, code
+    for key in a.variants:
+        rules = [r for r in key.split("+") if r]
+        if rules:
+            src = wrappers.render(task.source, [f"rewrite:{r}" for r in rules], a)
+            assert _same_as_reference(task, src), key
+    from kernelcraft.judge.screen import screen
+    src = wrappers.render(task.source, ["rewrite:size1_reduce", "rewrite:sink_pointwise", "rewrite:conv_reduce"], a)
+    assert "def _kc_conv_reduce(" in src and screen(src, "open").findings == []  # standalone, and it screens clean
+
+
 # ---- pointwise ops sunk past reductions / pools -------------------------------------------------------------
 
 def test_sink_pointwise():

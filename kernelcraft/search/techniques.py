@@ -24,6 +24,7 @@ TOKEN_TECHNIQUES = {
     "rewrite:fuse_activation": "fused activation (x*sigmoid(x) -> silu, ...)",
     "rewrite:pool_merge": "algebraic rewrite (two tiling pools merged into one)",
     "rewrite:pool_linear": "algebraic rewrite (average-pool the weights, not the outputs)",
+    "rewrite:conv_reduce": "algebraic rewrite (a convolution's global sum/mean without the convolution)",
     "triton": "fusion (Triton elementwise kernel)",
     "tuned": "tuned Triton kernel (GEMM + epilogue or row norm template)",
     "compile:default": "torch.compile (default)",

@@ -16,8 +16,9 @@ Design decisions
   `RULE_ORDER` ran (a simplification can expose a `reduce_linear`). A subset whose rendered forward is
   one a smaller subset (or the reference) already has gets no variant: it would be the same candidate. With more than `MAX_FULL_SUBSETS`
   applicable rules not every subset is rendered (2^n traces): singletons, all, and all-but-one.
-- The rules themselves live in `fxrules`, `simplify`, `reductions`, `poollinear` and `activations`; the Triton
-  elementwise fusion in `tritonfuse`.
+- The rules themselves live in `fxrules`, `simplify`, `reductions`, `poollinear`, `convreduce` and `activations`;
+  the Triton elementwise fusion in `tritonfuse`. A rule whose output calls a helper of its own gives the helper
+  a `_kc_source`: `render_graph` writes that source into the prelude, so the candidate stays standalone.
 """
 from __future__ import annotations
 
@@ -30,13 +31,15 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from kernelcraft.search.recipes import activations, fxrules, poollinear, reductions, simplify, tritonfuse, tunematch
+from kernelcraft.search.recipes import (activations, convreduce, fxrules, poollinear, reductions, simplify, tritonfuse,
+                                        tunematch)
 from kernelcraft.search.recipes.fxrules import _dtype, _torch
 
 # simplifications first: they expose work for the others (sum(x @ W.T / 2) -> sum(x @ W.T) / 2 -> a GEMV)
 RULE_ORDER = ("identities", "clamp_chain", "size1_reduce", "sink_pointwise", "pool_merge", "pool_linear",
-              "fuse_activation") + fxrules.RULE_ORDER
-RULES = {**simplify.RULES, **reductions.RULES, **poollinear.RULES, **activations.RULES, **fxrules.RULES}
+              "conv_reduce", "fuse_activation") + fxrules.RULE_ORDER
+RULES = {**simplify.RULES, **reductions.RULES, **poollinear.RULES, **convreduce.RULES, **activations.RULES,
+         **fxrules.RULES}
 MAX_FULL_SUBSETS = 5  # more applicable rules than this: render singletons, all, and all-but-one only
 
 REF_MODULE = "kc_reference"
@@ -167,6 +170,8 @@ def render_graph(gm, root) -> tuple[str, str]:
             continue
         if name in known:
             lines.append(known[name])
+        elif getattr(obj, "_kc_source", None):  # a rule's helper (convreduce): its source travels with the forward
+            lines.append(obj._kc_source + f"\n{name} = {obj.__name__}")
         elif getattr(obj, "_kc_generated", False) or getattr(obj, "__module__", None) == REF_MODULE:
             lines.append(f"{name} = {obj.__qualname__}")
         elif isinstance(obj, types.ModuleType):

@@ -1,0 +1,148 @@
+"""The rule `conv_reduce`: a sum or mean over every output position of a convolution, without the convolution.
+
+Design decisions
+- For y = conv(x; W, b) (or a transposed convolution), sum_p y[n, c, p] = sum_{c', k} W[c, c', k] T[n, c', k] +
+  P * b[c], where T[n, c', k] sums the input positions that kernel tap k ever meets and P counts the output
+  positions. The positions factor per spatial dim: a 0/1 matrix M_j[tap, position] per dim (which input rows
+  tap k_j reads for some output row, from stride, padding, dilation and, transposed, output padding), so
+  T = x contracted with M_1 .. M_d (about k times the input's size in work), and the rest is a GEMV-sized
+  product with W. Exact in real arithmetic; a global average pool after a convolution (KernelBench level 2's
+  ConvTranspose2d_Multiply_GlobalAvgPool_*) no longer runs the convolution: ~C_out * k^d times less work.
+- The generated candidate must stand alone, so the arithmetic is one helper, `_kc_conv_reduce`, whose source
+  travels with the rewritten forward (`_kc_source`, bound in its prelude by `rewrite.render_graph`). It reads
+  every size from its arguments at run time (x's spatial sizes, W's kernel) and the weights at every call, so
+  the perturbed-weights check sees a model that reads its weights.
+- Matched: nn.Conv{1,2,3}d and nn.ConvTranspose{1,2,3}d with groups 1, zero padding given as numbers, called on
+  a batched input alone, whose output only a sum or mean over exactly its spatial dims reads (mean over
+  [2, 3], keepdim or not; adaptive average pools to size 1). Scalar affine ops in between are moved past the
+  mean first by `sink_pointwise`, which runs before this rule.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from kernelcraft.search.recipes.fxrules import _fn, _is_float, _shape, _torch
+from kernelcraft.search.recipes.reductions import _reduce_op
+from kernelcraft.search.recipes.simplify import _alive, _module, _torch_nn
+
+HELPER = '''
+def _kc_conv_reduce(x, weight, bias, stride, padding, dilation, output_padding, transposed, mean, keepdim):
+    """sum (or mean) over every output position of conv(x) or conv_transpose(x), per sample and channel,
+    without the convolution (kernelcraft's conv_reduce rule)."""
+    t, count = x, 1
+    for j in range(x.dim() - 2):
+        size, k = x.shape[2 + j], weight.shape[2 + j]
+        s, p, d = stride[j], padding[j], dilation[j]
+        taps = torch.arange(k, device=x.device).unsqueeze(1) * d
+        q = torch.arange(size, device=x.device).unsqueeze(0)
+        if transposed:
+            out = (size - 1) * s - 2 * p + d * (k - 1) + output_padding[j] + 1
+            pos = q * s + taps - p
+            m = (pos >= 0) & (pos < out)
+        else:
+            out = (size + 2 * p - d * (k - 1) - 1) // s + 1
+            rel = q - taps + p
+            m = (rel >= 0) & (rel % s == 0) & (rel < out * s)
+        count *= out
+        t = torch.tensordot(t, m.to(x.dtype), dims=([2], [1]))  # this dim becomes a tap dim, moved last
+    w = weight.transpose(0, 1) if transposed else weight  # [C_out, C_in, taps...]
+    y = t.flatten(1) @ w.flatten(1).t()
+    if bias is not None:
+        y = y + count * bias
+    if mean:
+        y = y / count
+    return y.view(y.shape + (1,) * (x.dim() - 2)) if keepdim else y
+'''
+
+_CONVS = {"Conv1d": False, "Conv2d": False, "Conv3d": False,
+          "ConvTranspose1d": True, "ConvTranspose2d": True, "ConvTranspose3d": True}
+
+
+@functools.lru_cache(maxsize=1)
+def _helper():
+    """The helper as one function object (every match in a graph names the same global), carrying its source
+    for `rewrite.render_graph`."""
+    torch = _torch()
+    ns = {"torch": torch}
+    exec(compile(HELPER, "<kernelcraft conv_reduce>", "exec"), ns)
+    fn = ns["_kc_conv_reduce"]
+    fn.__module__ = "kernelcraft_generated"  # what FX needs to name it; render_graph writes `_kc_source` instead
+    fn._kc_source = HELPER.strip()
+    return fn
+
+
+def _conv(gm, n):
+    """(module, transposed) for a matched convolution node (module docstring), else None."""
+    mod = _module(gm, n)
+    if mod is None or type(mod).__name__ not in _CONVS or len(n.args) != 1 or n.kwargs:
+        return None
+    nd = int(type(mod).__name__[-2])
+    if mod.groups != 1 or mod.padding_mode != "zeros" or isinstance(mod.padding, str):
+        return None
+    x = n.args[0]
+    if not hasattr(x, "op") or _shape(x) is None or len(_shape(x)) != nd + 2 or not _is_float(x):
+        return None
+    return mod, _CONVS[type(mod).__name__]
+
+
+def _global_reduce(gm, n, nd):
+    """(y, mean, keepdim) when n sums or averages y over exactly its nd spatial dims, else None."""
+    F = _torch_nn().functional
+    red = _reduce_op(n)
+    if red is not None:
+        kind, y, dims, keep = red
+        rank = nd + 2
+        if kind not in ("sum", "mean") or sorted(d % rank for d in dims) != list(range(2, rank)):
+            return None
+        return y, kind == "mean", keep
+    mod = _module(gm, n)
+    pools = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}
+    if mod is not None and type(mod).__name__ == f"AdaptiveAvgPool{nd}d" and len(n.args) == 1 and not n.kwargs:
+        size = mod.output_size
+    elif _fn(n, pools[nd]) and len(n.args) == 2 and not n.kwargs:
+        size = n.args[1]
+    else:
+        return None
+    if size != 1 and (not isinstance(size, (tuple, list)) or any(s != 1 for s in size)):
+        return None
+    return n.args[0], True, True
+
+
+def _reduce_one(gm, n) -> bool:
+    g = gm.graph
+    for nd in (1, 2, 3):
+        red = _global_reduce(gm, n, nd)
+        if red is not None:
+            break
+    else:
+        return False
+    y, mean, keep = red
+    if not hasattr(y, "op") or len(y.users) != 1:
+        return False
+    conv = _conv(gm, y)
+    if conv is None or int(type(conv[0]).__name__[-2]) != nd:
+        return False
+    mod, transposed = conv
+    with g.inserting_before(n):
+        w = g.get_attr(f"{y.target}.weight")
+        b = g.get_attr(f"{y.target}.bias") if mod.bias is not None else None
+        out_pad = tuple(mod.output_padding) if transposed else (0,) * nd
+        new = g.call_function(_helper(), (y.args[0], w, b, tuple(mod.stride), tuple(mod.padding),
+                                          tuple(mod.dilation), out_pad, transposed, mean, keep))
+    new.meta = dict(n.meta)
+    n.replace_all_uses_with(new)
+    g.erase_node(n)
+    g.erase_node(y)
+    return True
+
+
+def rule_conv_reduce(gm) -> bool:
+    changed = False
+    for n in list(gm.graph.nodes):
+        if _alive(n) and n.op.startswith("call") and _reduce_one(gm, n):
+            changed = True
+    return changed
+
+
+RULES = {"conv_reduce": rule_conv_reduce}
