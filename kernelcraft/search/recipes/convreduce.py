@@ -56,7 +56,16 @@ def _kc_conv_reduce(x, weight, bias, stride, padding, dilation, output_padding, 
 '''
 
 _CONVS = {"Conv1d": False, "Conv2d": False, "Conv3d": False,
-          "ConvTranspose1d": True, "ConvTranspose2d": True, "ConvTranspose3d": True}
+          "ConvTranspose1d": True, "ConvTranspose2d": True, "ConvTranspose3d": True}  # torch.nn's, by name
+
+
+def _conv_kind(mod):
+    """(spatial dims, transposed) for a torch.nn convolution module (not a look-alike of the same name)."""
+    nn = _torch_nn()
+    for name, transposed in _CONVS.items():
+        if type(mod) is getattr(nn, name):
+            return int(name[-2]), transposed
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,15 +84,16 @@ def _helper():
 def _conv(gm, n):
     """(module, transposed) for a matched convolution node (module docstring), else None."""
     mod = _module(gm, n)
-    if mod is None or type(mod).__name__ not in _CONVS or len(n.args) != 1 or n.kwargs:
+    kind = _conv_kind(mod) if mod is not None else None
+    if kind is None or len(n.args) != 1 or n.kwargs:
         return None
-    nd = int(type(mod).__name__[-2])
+    nd = kind[0]
     if mod.groups != 1 or mod.padding_mode != "zeros" or isinstance(mod.padding, str):
         return None
     x = n.args[0]
     if not hasattr(x, "op") or _shape(x) is None or len(_shape(x)) != nd + 2 or not _is_float(x):
         return None
-    return mod, _CONVS[type(mod).__name__]
+    return mod, kind[1]
 
 
 def _global_reduce(gm, n, nd):
@@ -98,7 +108,8 @@ def _global_reduce(gm, n, nd):
         return y, kind == "mean", keep
     mod = _module(gm, n)
     pools = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}
-    if mod is not None and type(mod).__name__ == f"AdaptiveAvgPool{nd}d" and len(n.args) == 1 and not n.kwargs:
+    if mod is not None and type(mod) is getattr(_torch_nn(), f"AdaptiveAvgPool{nd}d") and len(n.args) == 1 \
+            and not n.kwargs:
         size = mod.output_size
     elif _fn(n, pools[nd]) and len(n.args) == 2 and not n.kwargs:
         size = n.args[1]
@@ -121,7 +132,7 @@ def _reduce_one(gm, n) -> bool:
     if not hasattr(y, "op") or len(y.users) != 1:
         return False
     conv = _conv(gm, y)
-    if conv is None or int(type(conv[0]).__name__[-2]) != nd:
+    if conv is None or _conv_kind(conv[0])[0] != nd:
         return False
     mod, transposed = conv
     with g.inserting_before(n):

@@ -306,11 +306,13 @@ def _tuple(v, rank):
 def _tiling_pool(gm, n):
     """(kind, rank, kernel) for a pool whose windows tile its input: stride = kernel, no padding, dilation 1,
     floor mode, no indices and (averages) no divisor override; else None."""
-    F = _torch_nn().functional
+    nn = _torch_nn()
+    F = nn.functional
     mod = _module(gm, n)
     if mod is not None:
-        name = type(mod).__name__
-        if name not in ("MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d"):
+        name = next((c for c in ("MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d")
+                     if type(mod) is getattr(nn, c)), None)  # torch.nn's own, not a look-alike of the same name
+        if name is None:
             return None
         kind, rank = name[:3].lower(), int(name[-2])
         if len(n.args) != 1 or n.kwargs:
