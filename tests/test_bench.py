@@ -577,8 +577,9 @@ from kernelcraft.search.optimize import Cancelled
 lock = threading.Lock()
 
 def say(*words):
-    with lock:
-        print(*words, flush=True)
+    with lock:  # one write per line: a line is never split by another writer of this pipe
+        sys.stdout.write(" ".join(words) + "\n")
+        sys.stdout.flush()
 
 def fake(it, out, o, dev, eval_opts, pool, env, emit, policy, stop, known=None):
     say("started", it.name)
@@ -607,7 +608,8 @@ def test_task_jobs_ctrl_c_stops_the_running_optimizations(tmp_path, cache_dir):
     rest, err = proc.communicate(timeout=60)  # exits: the two runs stop, the third never starts
     assert proc.returncode == 130, err[-3000:]
     assert "re-run" in err and "Traceback" not in err
-    assert sorted(ln.split()[1] for ln in rest.splitlines() if ln.startswith("stopped")) == sorted(started)
+    stopped = [ln.split()[1:2] for ln in rest.splitlines() if ln.startswith("stopped")]
+    assert sorted(sum(stopped, [])) == sorted(started), rest[-3000:]
     assert "started" not in rest and not read_lines(tmp_path / "out" / "verdicts.jsonl")
 
 
