@@ -63,6 +63,27 @@ def _ops(gm) -> list[str]:
     return out
 
 
+def _analysed(task_file: str, rules: set):
+    """A task fixture and the recipes' analysis of it, which must trace and find at least `rules`."""
+    task = load_task(FIXTURES / "tasks" / task_file)
+    a = rewrite.analyze(task.source)
+    assert a.traced, a.error
+    assert rules <= set(a.rules), a.rules
+    return task, a
+
+
+def _every_variant_is_the_reference(task, a) -> int:
+    """Every rendered rewrite variant of the analysis computes the reference's values; how many there were."""
+    from test_recipes import _same_as_reference
+    checked = 0
+    for key in a.variants:
+        rules = [r for r in key.split("+") if r]
+        if rules:
+            assert _same_as_reference(task, wrappers.render(task.source, [f"rewrite:{r}" for r in rules], a)), key
+            checked += 1
+    return checked
+
+
 class Lambda(nn.Module):
     def __init__(self, fn, *mods, **params):
         super().__init__()
@@ -216,17 +237,10 @@ def test_pool_merge_after_a_sink():
 
 
 def test_pool_merge_pipeline_renders_correct_source():
-    from test_recipes import _same_as_reference
-    task = load_task(FIXTURES / "tasks" / "pool_chain.py")
-    a = rewrite.analyze(task.source)
-    assert a.traced, a.error
-    assert {"sink_pointwise", "pool_merge"} <= set(a.rules), a.rules
+    task, a = _analysed("pool_chain.py", {"sink_pointwise", "pool_merge"})
     code = a.variant(["sink_pointwise", "pool_merge"])["code"]
     assert code.count("max_pool2d(") == 1 and code.count("avg_pool2d(") == 1 and "pool1" not in code, code
-    for key in a.variants:
-        rules = [r for r in key.split("+") if r]
-        if rules:
-            assert _same_as_reference(task, wrappers.render(task.source, [f"rewrite:{r}" for r in rules], a)), key
+    _every_variant_is_the_reference(task, a)
 
 
 # ---- average pools over a linear map's outputs ----------------------------------------------------------------
@@ -262,11 +276,7 @@ def test_pool_linear_near_misses():
 
 
 def test_pool_linear_pipeline_renders_correct_source():
-    from test_recipes import _same_as_reference
-    task = load_task(FIXTURES / "tasks" / "linear_avgpool.py")
-    a = rewrite.analyze(task.source)
-    assert a.traced, a.error
-    assert "pool_linear" in a.rules, a.rules
+    task, a = _analysed("linear_avgpool.py", {"pool_linear"})
     code = a.variant(["pool_linear"])["code"]
     assert "unflatten(" in code and "matmul(" in code and "self.avg_pool(" not in code, code
     from kernelcraft.search.recipes.policy import RecipesPolicy
@@ -274,10 +284,7 @@ def test_pool_linear_pipeline_renders_correct_source():
     first = [tuple(p.meta["recipe"]) for p in RecipesPolicy(analysis=a).propose(_ctx(task, GPU, [], k=3))]
     assert first == [("compile:default", "cudagraph", "rewrite:pool_linear", "rewrite:sink_pointwise"),
                      ("rewrite:pool_linear",), ("compile:default",)]  # budget 3: the composite, the rule alone, compile
-    for key in a.variants:
-        rules = [r for r in key.split("+") if r]
-        if rules:
-            assert _same_as_reference(task, wrappers.render(task.source, [f"rewrite:{r}" for r in rules], a)), key
+    _every_variant_is_the_reference(task, a)
 
 
 # ---- a convolution's global sum or mean -------------------------------------------------------------------------
@@ -341,18 +348,10 @@ def test_conv_reduce_near_misses():
 
 
 def test_conv_reduce_pipeline_renders_correct_source():
-    from test_recipes import _same_as_reference
-    task = load_task(FIXTURES / "tasks" / "convtranspose_global_mean.py")
-    a = rewrite.analyze(task.source)
-    assert a.traced, a.error
-    assert {"size1_reduce", "sink_pointwise", "conv_reduce"} <= set(a.rules), a.rules
+    task, a = _analysed("convtranspose_global_mean.py", {"size1_reduce", "sink_pointwise", "conv_reduce"})
     code = a.variant(["size1_reduce", "sink_pointwise", "conv_reduce"])["code"]
     assert "conv_transpose(" not in code and "_kc_conv_reduce" in code, code
-    for key in a.variants:
-        rules = [r for r in key.split("+") if r]
-        if rules:
-            src = wrappers.render(task.source, [f"rewrite:{r}" for r in rules], a)
-            assert _same_as_reference(task, src), key
+    _every_variant_is_the_reference(task, a)
     from kernelcraft.judge.screen import screen
     src = wrappers.render(task.source, ["rewrite:size1_reduce", "rewrite:sink_pointwise", "rewrite:conv_reduce"], a)
     assert "def _kc_conv_reduce(" in src and screen(src, "open").findings == []  # standalone, and it screens clean
@@ -445,7 +444,6 @@ def chain_analysis():
 
 
 def test_pipeline_finds_every_rule_and_renders_correct_source(chain_analysis):
-    from test_recipes import _same_as_reference
     task, a = chain_analysis
     assert a.traced, a.error
     assert {"identities", "clamp_chain", "size1_reduce", "sink_pointwise", "fuse_activation",
@@ -454,14 +452,7 @@ def test_pipeline_finds_every_rule_and_renders_correct_source(chain_analysis):
     code = a.variant(every)["code"]
     assert "linear(" not in code and "logsumexp" not in code and "max(" not in code and "sigmoid" not in code
     assert "silu" in code and ".clone(" not in code and code.count("torch.clamp(") == 1
-    checked = 0
-    for key in a.variants:
-        rules = [r for r in key.split("+") if r]
-        if not rules:
-            continue
-        src = wrappers.render(task.source, [f"rewrite:{r}" for r in rules], a)
-        assert _same_as_reference(task, src), key
-        checked += 1
+    checked = _every_variant_is_the_reference(task, a)
     assert checked >= len(a.rules) + 1
 
 

@@ -24,7 +24,7 @@ import functools
 
 from kernelcraft.search.recipes.fxrules import _fn, _is_float, _shape, _torch
 from kernelcraft.search.recipes.reductions import _reduce_op
-from kernelcraft.search.recipes.simplify import _alive, _module, _torch_nn
+from kernelcraft.search.recipes.simplify import _each_call, _module, _torch_nn
 
 HELPER = '''
 def _kc_conv_reduce(x, weight, bias, stride, padding, dilation, output_padding, transposed, mean, keepdim):
@@ -149,11 +149,7 @@ def _reduce_one(gm, n) -> bool:
 
 
 def rule_conv_reduce(gm) -> bool:
-    changed = False
-    for n in list(gm.graph.nodes):
-        if _alive(n) and n.op.startswith("call") and _reduce_one(gm, n):
-            changed = True
-    return changed
+    return _each_call(gm, _reduce_one)
 
 
 RULES = {"conv_reduce": rule_conv_reduce}

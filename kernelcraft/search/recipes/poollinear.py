@@ -22,7 +22,7 @@ import operator
 from kernelcraft.search.recipes.fxrules import _fn, _is_float, _meth, _shape, _torch
 from kernelcraft.search.recipes.fxrules import _transposed_weight
 from kernelcraft.search.recipes.reductions import _tiling_pool
-from kernelcraft.search.recipes.simplify import _alive, _arg, _module
+from kernelcraft.search.recipes.simplify import _arg, _each_call, _module
 
 
 def _linear(gm, g, lin):
@@ -95,11 +95,7 @@ def _pool_one(gm, n) -> bool:
 
 
 def rule_pool_linear(gm) -> bool:
-    changed = False
-    for n in list(gm.graph.nodes):
-        if _alive(n) and n.op.startswith("call") and _pool_one(gm, n):
-            changed = True
-    return changed
+    return _each_call(gm, _pool_one)
 
 
 RULES = {"pool_linear": rule_pool_linear}

@@ -25,8 +25,8 @@ import math
 import operator
 
 from kernelcraft.search.recipes.fxrules import _affine, _dtype, _fn, _is_float, _meth, _num, _shape, _torch
-from kernelcraft.search.recipes.simplify import (_alive, _arg, _clamp_like, _module, _owned_by_caller, _replace_with,
-                                                 _torch_nn)
+from kernelcraft.search.recipes.simplify import (_alive, _arg, _clamp_like, _each_call, _module, _owned_by_caller,
+                                                 _replace_with, _torch_nn)
 
 # ---- reductions over size-1 dims --------------------------------------------------------------------
 
@@ -282,12 +282,9 @@ def _param_shift(a, red):
 
 
 def rule_sink_pointwise(gm) -> bool:
-    g, changed = gm.graph, False
+    changed = False
     for _ in range(8):  # a chain of k pointwise ops sinks one per pass
-        moved = False
-        for n in list(g.nodes):
-            if _alive(n) and n.op.startswith("call") and _sink_one(gm, n):
-                moved = True
+        moved = _each_call(gm, _sink_one)
         changed |= moved
         if not moved:
             break
@@ -369,11 +366,7 @@ def rule_pool_merge(gm) -> bool:
     kernel is the product. floor(floor(D / a) / b) = floor(D / ab), so the output shape is the same; a max is
     exact and an average of equal-size averages is the average of their union. One pass over the input instead
     of two, and no intermediate."""
-    changed = False
-    for n in list(gm.graph.nodes):
-        if _alive(n) and n.op.startswith("call") and _merge_pools(gm, n):
-            changed = True
-    return changed
+    return _each_call(gm, _merge_pools)
 
 
 RULES = {"size1_reduce": rule_size1_reduce, "sink_pointwise": rule_sink_pointwise, "pool_merge": rule_pool_merge}

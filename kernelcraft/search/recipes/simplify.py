@@ -40,6 +40,16 @@ def _alive(n) -> bool:
     return not getattr(n, "_erased", False)
 
 
+def _each_call(gm, rewrite_one) -> bool:
+    """One pass of a node-local rule: `rewrite_one(gm, n)` on every call node still in the graph, in order;
+    whether any of them changed it."""
+    changed = False
+    for n in list(gm.graph.nodes):
+        if _alive(n) and n.op.startswith("call") and rewrite_one(gm, n):
+            changed = True
+    return changed
+
+
 def _torch_nn():
     return _torch().nn
 
