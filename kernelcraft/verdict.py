@@ -134,6 +134,13 @@ class Timing(BaseModel):
                                            "the candidate's process: subtracted from its samples where smaller "
                                            "than overhead_ms (never where larger: a candidate cannot inflate it), "
                                            "and evidence of the processes' footing")
+    untimed_cpu_ms: dict[str, float] | None = Field(None, description="CPU time each side's process tree used in "
+                                                    "its requests outside the clock during timing (the null round "
+                                                    "trip, a stateful task's restore), read from the kernel by the "
+                                                    "judge (judge/treecpu.py)")
+    untimed_windows: dict[str, int] | None = Field(None, description="how many such requests each side answered")
+    billed_ms: float | None = Field(None, description="ms added to every candidate sample: its untimed CPU time "
+                                    "beyond the reference's (and a small allowance), spread over the timed rounds")
     note: str | None = Field(None, description="'host too noisy: ...' when the CI cannot resolve the speedup "
                              "(judge.timing.noise_note), or candidate processes that disagree; the CLI warns")
 

@@ -18,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelcraft.evaluate import evaluate
+from kernelcraft.judge.acceptance import Bound
 from kernelcraft.judge import compare, fp64, partial, precision
 from kernelcraft.judge.arena import TensorSpec
 from kernelcraft.judge.compare import compare_outputs
@@ -217,17 +218,42 @@ def test_small_outputs_widen_the_factor():
     assert o.bounds(6.0)[0] > 3 * big.bounds(6.0)[0] and big.bounds(6.0)[0] == 6.0
 
 
-def test_timed_tolerance_covers_what_the_trials_accepted():
+def test_acceptance_covers_what_the_trials_accepted():
     x, w, truth = _conv_case()
     xt, wt = _round_mantissa(x, 10), _round_mantissa(w, 10)
     ref = torch.nn.functional.conv2d(xt, wt)
     cand = torch.nn.functional.conv2d(xt.to(memory_format=torch.channels_last), wt).contiguous()
     res, rule = _judge(ref, cand, truth, trials=2)
     assert res.ok
-    atol, rtol = rule.timed_tolerance(None, None)
-    assert atol >= 1e-4 and rtol is None
-    assert compare_outputs(ref, cand, atol, rtol).ok
-    assert not compare_outputs(ref, torch.zeros_like(ref), atol, rtol).ok  # a stale/zero answer is still wrong
+    accepted = rule.acceptance(None, None)
+    b = accepted.bounds[0]
+    assert b.kind == "relative" and b.atol >= 1e-4 and b.rms >= 1e-4 and b.rtol == 1e-4
+    assert accepted.compare(ref, cand).ok
+    assert not accepted.compare(ref, torch.zeros_like(ref)).ok  # a stale/zero answer is still wrong
+
+
+def test_acceptance_judges_a_small_output_at_its_own_scale():
+    """An output whose every element is far below the fixed atol (a softmax over 65536 values): the fixed rule's
+    absolute floor, atol x max(1, RMS), passes an all-zero answer; what the trials accepted, relative to the
+    output's RMS, fails it — and still passes the honest answer and one summed in another order."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 65536, generator=g) * 0.2
+    truth = torch.softmax(x.double(), dim=1)
+    ref = torch.softmax(x, dim=1)
+    other = torch.exp(x - x.max(dim=1, keepdim=True).values)
+    other = other / other.sum(dim=1, keepdim=True)
+    res, rule = _judge(ref, other, truth, trials=2)
+    assert res.ok, res.message
+    zeros = torch.zeros_like(ref)
+    assert compare_outputs(ref, zeros).ok  # the door: the fixed rule at this scale
+    accepted = rule.acceptance(None, None)
+    assert accepted.compare(ref, other).ok
+    bad = accepted.compare(ref, zeros)
+    assert not bad.ok and bad.reasons == ["value_mismatch"], bad.message
+    half = accepted.compare(ref, ref * 0.999)  # 0.1% off everywhere: beyond fp32 reordering, a scaled answer
+    assert not half.ok
+    # a trial without float64 truth is held to the same rule
+    assert not rule.trial(ref, zeros, None, compare_outputs(ref, zeros), None, None).ok
 
 
 def test_fixed_protocol_is_todays_rule():
@@ -337,10 +363,10 @@ def test_truth_only_until_enough_elements_then_trials_are_held_to_what_it_accept
         truth = rule.truth() if asked[-1] else None
         assert rule.trial(ref, ref.clone(), truth, compare_outputs(ref, ref.clone()), None, None).ok
     assert asked == [True, True, True, False, False] and len(side.picks) == 3
-    atol, _ = rule.timed_tolerance(None, None)
-    unit = atol * max(1.0, rule.outputs[0].scale)
-    assert atol > 1e-3  # 4x the TF32 reference's worst case, far beyond the fixed 1e-4
-    inside, outside = ref + 0.5 * unit, ref + 2.0 * unit
+    b = rule.acceptance(None, None).bounds[0]
+    unit = min(b.atol, b.rms) * rule.outputs[0].scale
+    assert b.atol > 1e-3 and b.rms > 1e-3  # 4x the TF32 reference's worst case, far beyond the fixed 1e-4
+    inside, outside = ref + 0.5 * unit, ref + 2.0 * b.atol * rule.outputs[0].scale
     assert not compare_outputs(ref, inside).ok  # the fixed rule alone would fail it
     assert rule.trial(ref, inside, None, compare_outputs(ref, inside), None, None).ok
     bad = rule.trial(ref, outside, None, compare_outputs(ref, outside), None, None)
@@ -427,11 +453,11 @@ def test_judge_oom_is_retried_cheaper_never_charged(monkeypatch):
     calls = []
     real = compare._value_stats
 
-    def flaky(r, c, a, rt, chunk, dev):
+    def flaky(r, c, a, rt, chunk, dev, relative=None):
         calls.append(chunk)
         if len(calls) == 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
-        return real(r, c, a, rt, chunk, dev)
+        return real(r, c, a, rt, chunk, dev, relative)
 
     monkeypatch.setattr(compare, "_value_stats", flaky)
     r = torch.randn(1000)
@@ -665,12 +691,12 @@ def test_a_deep_tf32_reference_is_calibrated_between_its_tf32_and_bf16_envelopes
     assert not compare_outputs(_deep_output(truncate=False), _deep_output(truncate=True)).ok  # the fixed rule fails it
     res, _ = _judge_deep(_RoundConvolutions(7))  # bf16
     assert not res.ok and res.reasons in (["value_mismatch"], ["precision_downgrade"]), res.reasons
-    atol, _ = rule.timed_tolerance(None, None)  # the timed rounds: a stale answer is still caught
+    accepted = rule.acceptance(None, None)  # the timed rounds: a stale answer is still caught
     g = torch.Generator().manual_seed(5)
     with torch.no_grad(), _RoundConvolutions(10):
         m = _deep_net()
         fresh, stale = m(torch.randn(2, 3, 4, 4, generator=g)), m(torch.randn(2, 3, 4, 4, generator=g))
-    assert not compare_outputs(fresh, stale, atol, None).ok
+    assert not accepted.compare(fresh, stale).ok
     # without bf16's envelope (the side could not measure it) the rule cannot place a bound: the fixed rule, as before
     monkeypatch.setattr(fp64, "COARSE_ABOVE", math.inf)
     res, rule = _judge_deep(_RoundConvolutions(10, truncate=True))
@@ -776,21 +802,21 @@ def test_a_tf32_reference_judged_without_truth_is_held_to_tf32s_fixed_bound():
     assert not compare_outputs(ref, tf32).ok  # the fixed 1e-4 alone rejects the honest TF32 answer
     res, rule = judge(tf32, True)
     assert res.ok and rule.record()["rule"] == "fixed" and "TF32" in rule.record()["rule_note"], res.message
-    atol, rtol = rule.timed_tolerance(None, None)
-    assert atol == rtol == precision.TF32_FIXED
-    assert compare_outputs(ref, tf32, atol, rtol).ok and not compare_outputs(ref, torch.zeros_like(ref), atol, rtol).ok
+    accepted = rule.acceptance(None, None)
+    assert accepted.bounds[0].atol == accepted.bounds[0].rtol == precision.TF32_FIXED
+    assert accepted.compare(ref, tf32).ok and not accepted.compare(ref, torch.zeros_like(ref)).ok
     res, _ = judge(bf16, True)
     assert not res.ok and res.reasons == ["value_mismatch"]  # no truth for want of memory: not the reference's fault
     assert "atol=0.00390625" in res.message, res.message  # the message quotes the bound that judged,
     assert res.atol == res.rtol == precision.TF32_FIXED  # and so does the record
     res, rule = judge(tf32, False)  # no convolutions in TF32: the fixed rule as before
-    assert not res.ok and rule.timed_tolerance(None, None) == (None, None)
+    assert not res.ok and rule.acceptance(None, None).bounds[0] == Bound("fixed", 1e-4, 1e-4)
     # with truth but no TF32 envelope (its second float64 call failed), the timed rounds get TF32's bound too
     _, _, truth = _conv_case()
     rule = precision.Rule({"precision": "calibrated"}, [TensorSpec.of(ref)], torch.device("cpu"), reference=None,
                           tf32_convolutions=True)
     assert rule.trial(ref, ref.clone(), [truth], compare_outputs(ref, ref), None, None).ok
-    assert rule.timed_tolerance(None, None)[0] == precision.TF32_FIXED
+    assert rule.acceptance(None, None).bounds[0].atol >= precision.TF32_FIXED
 
 
 def test_a_partial_key_cache_is_caught_by_its_repeat_where_the_tolerance_is_too_wide(cache_dir):

@@ -80,6 +80,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernelcraft.judge.acceptance import MARGIN, SCALE_FLOOR, Acceptance, Bound
 from kernelcraft.judge.arena import Arena, TensorSpec
 from kernelcraft.judge.compare import (Comparison, as_tensor_list, chunks, compare_outputs, default_tolerance,
                                        is_oom, with_retries)
@@ -87,7 +88,6 @@ from kernelcraft.judge.bounds import (CAP, ENVELOPE_EXPLAINS, FLOOR_ULPS, MAX_FA
                                       SEPARATION, SMALL_N, TOWARDS_BF16_TEXT, UNVERIFIABLE, Output, unit_roundoff)
 from kernelcraft.judge.fp64 import picked
 
-TIMED_MARGIN = 4.0
 TF32_FIXED = 4 * 2.0 ** -10  # the fixed bound (atol and rtol) of a TF32 reference judged without truth: 4 TF32 ulps
 TRUTH_TRIALS = 2  # fresh trials that always get the float64 truth (module docstring) ...
 TRUTH_ELEMENTS = 1 << 22  # ... and more until each calibrated output pooled this many elements
@@ -271,6 +271,14 @@ class Rule:
                     self._note(f"{where}the reference's own error (over {CAP:g} of the output's RMS) is its "
                                "convolutions' TF32 (cuDNN's default): calibrated by the TF32 envelope, the RMS bound "
                                f"at most {TOWARDS_BF16_TEXT} of the way to bf16's")
+            if o.mode == "calibrated" and o.n and not have:  # held to what the trials with truth accepted
+                o.fixed_missed += 0 if fixed.ok else 1
+                b = self.bound(o, atol, rtol)
+                wide = compare_outputs(r, c, b.atol, b.rtol, on=self.device, relative=b.relative())
+                if wide.ok:
+                    continue
+                return out.fail(wide.reasons[0], where + wide.message + " (a trial without float64 truth: "
+                                f"{ACCEPTED_TEXT})")
             if fixed.ok:
                 continue
             if o.mode == "calibrated" and have:
@@ -278,13 +286,6 @@ class Rule:
                 if o.passes(self.factor):
                     continue  # beyond the fixed tolerance, within the reference's own precision
                 return out.fail("value_mismatch", where + fixed.message + "; " + o.describe(self.factor, ""))
-            if o.mode == "calibrated" and o.n:  # a trial without truth: held to what the truth's trials accepted
-                o.fixed_missed += 1
-                wide = compare_outputs(r, c, *self.timed_tolerance(atol, rtol), on=self.device)
-                if wide.ok:
-                    continue
-                return out.fail(wide.reasons[0], where + wide.message + " (a trial without float64 truth: the "
-                                "bound is 4x the worst error the trials with truth accepted)")
             if o.tf32:
                 wide = compare_outputs(r, c, *self._tf32_tolerance(atol, rtol), on=self.device)
                 if wide.ok:
@@ -350,22 +351,32 @@ class Rule:
                 rec["bf16_envelope_err"] = e["rms_b"] / s
         return rec
 
-    def timed_tolerance(self, atol, rtol) -> tuple:
-        """(atol, rtol) for the timed rounds' checks: the fixed rule's, widened to what the trials accepted."""
-        cal = [o for o in self.outputs if o.mode == "calibrated" and o.n]
-        if any(o.tf32 or (o.mode == "calibrated" and o.n and not o.n_e and self._tf32_exposed(o))
-               for o in self.outputs):  # TF32, no truth or envelope
-            atol, rtol = self._tf32_tolerance(atol, rtol)
-        if not cal:
-            return atol, rtol
-        wide = 0.0
-        for o in cal:
-            floor = FLOOR_ULPS * unit_roundoff(o.dtype) * o.scale
-            seen = max(o.max_c, o.max_e) + max(o.max_r, o.max_e) + floor  # |c - r| <= |c - t| + |r - t|
-            wide = max(wide, TIMED_MARGIN * seen / max(1.0, o.scale))
-        fixed = [atol] if atol is not None else [default_tolerance(o.spec.torch_dtype) for o in self.outputs
-                                                  if o.spec is not None and o.mode != "exact"]
-        return max([wide, *fixed]), rtol
+    def bound(self, o: Output, atol, rtol) -> Bound:
+        """What the trials accepted for output `o`, as `acceptance` applies it (its module docstring)."""
+        if o.mode in ("exact", "value"):
+            return Bound("exact")
+        fixed_a = atol if atol is not None else default_tolerance(o.dtype)
+        fixed_r = rtol if rtol is not None else default_tolerance(o.dtype)
+        exposed = o.tf32 or (o.mode == "calibrated" and o.n and not o.n_e and self._tf32_exposed(o))
+        if exposed:  # TF32 convolutions with no truth or envelope to say how far they go
+            fixed_a, fixed_r = self._tf32_tolerance(fixed_a, fixed_r)
+        s = o.scale
+        if o.mode != "calibrated" or not o.n or not s > 0:
+            return Bound("fixed", fixed_a, fixed_r)
+        e = o.errors()
+        ulps = FLOOR_ULPS * unit_roundoff(o.dtype)
+        worst_max = max(e["max_c"], e["max_e"]) + max(e["max_r"], e["max_e"])  # |c - r| <= |c - t| + |r - t|
+        worst_rms = max(e["rms_c"], e["rms_e"]) + max(e["rms_r"], e["rms_e"])
+        return Bound("relative", max(MARGIN * (worst_max / s + ulps), fixed_a), fixed_r,
+                     rms=max(MARGIN * (worst_rms / s + ulps), fixed_a), floor=SCALE_FLOOR * s)
+
+    def acceptance(self, atol, rtol) -> Acceptance:
+        """Every output's bound: the trials' hand-off to timing, the weights trial and a second process's trial."""
+        return Acceptance(tuple(self.bound(o, atol, rtol) for o in self.outputs), note=f" ({ACCEPTED_TEXT})")
+
+
+ACCEPTED_TEXT = (f"held to {MARGIN:g}x the worst distance from the reference the trials with float64 truth accepted, "
+                 "relative to the output's RMS")
 
 
 def pick(numel: int) -> dict | None:

@@ -20,24 +20,25 @@ from __future__ import annotations
 import fcntl
 from pathlib import Path
 
-from kernelcraft.judge import reproduce, siblings, timing, tripwires
-from kernelcraft.judge.compare import compare_outputs
+from kernelcraft.judge import reproduce, siblings, timing, treecpu
+from kernelcraft.judge.acceptance import Acceptance, Sample
 from kernelcraft.judge.guards import Reject
-from kernelcraft.judge.sideproc import SideProc
+from kernelcraft.judge.sideproc import NULL, RUN, SideProc
 
 AUDIT_SHARE = 0.2  # share of timing rounds followed by an audit (at random: the candidate cannot tell which)
 
 
-def time_candidate(ev) -> None:
+def time_candidate(ev, accepted: Acceptance) -> None:
     """Paired rounds of the reference and the candidate (its processes in turn) until the CI is tight or the
-    budget is spent; the record goes to `ev.result["timing"]`."""
+    budget is spent; every timed output held to what the trials `accepted`. The record goes to
+    `ev.result["timing"]`."""
     p = ev.p
     clock = timing.RoundTripClock(ev.device)
-    tol = getattr(ev, "timed_tol", (p["atol"], p["rtol"]))  # widened to what the calibrated trials accepted
-    sampler = tripwires.SpotChecker(*tol)
-    replies: dict[str, dict] = {}
+    sample = Sample(ev.out_specs, ev.device)
+    ledger = treecpu.Ledger()
+    taken: dict[str, list] = {}  # this round's outputs, copied when each side's timed call ended ...
+    intact: dict[str, bool] = {}  # ... and whether its inputs were still the judge's then
     left = {"reference": [], "candidate": []}
-    run_msg = {"cmd": "run", "check": False}
     k = max(1, int(p.get("processes") or 1)) if ev.spawn_candidate is not None else 1
     procs = [ev.cand]  # the candidate's processes; more are started under the lock below (`siblings`)
     order = siblings.Schedule(k, ev.rng.randrange(1 << 30))
@@ -48,37 +49,46 @@ def time_candidate(ev) -> None:
         fresh_state()
         ev.redraw()
         ev._poison()
+        sample.draw()
 
     def warm_up() -> None:
         fresh_state()
         ev.redraw()
         ev._poison()
+        sample.draw()
         for f in ((time_ref, time_cand) if ev.rng.random() < 0.5 else (time_cand, time_ref)):
             f()
         check_round(-1)
 
     def fresh_state() -> None:  # a stateful task: both sides from their constructed state (`Evaluation.fresh_state`)
-        ev.fresh_state((ev.ref, procs[order.current]), "time")
+        if ev.stateful:
+            for side in (ev.ref, procs[order.current]):
+                role = side.role
+                ledger.window(role, side.pid, lambda: side.request({"cmd": "restore"}, phase="time"))
+
+    def timed(side: SideProc, role: str) -> float:
+        ms, leftover, reply = side.timed(RUN, clock)
+        # the output as it was when the clock stopped, in the judge's memory before the process runs again
+        taken[role] = sample.take(ev.out_arenas[role].tensors, list(reply.get("values", [])))
+        intact[role] = ev._inputs_intact(role)
+        left[role].append(leftover)
+        return ms
 
     def time_ref() -> float:
-        ms, leftover, replies["reference"] = ev.ref.timed(run_msg, clock)
-        left["reference"].append(leftover)
-        return ms
+        return timed(ev.ref, "reference")
 
     def time_cand() -> float:
-        side = procs[order.current]
-        ms, leftover, replies["candidate"] = side.timed(run_msg, clock)
-        left["candidate"].append(leftover)
-        return ms
+        return timed(procs[order.current], "candidate")
 
     def time_null() -> tuple[float, float]:
         """Both sides get an empty request, in random order, so neither is the one touched last before the
         next round (the most recently run process starts warm): (the reference's, the candidate's). The
         candidate's is subtracted from its samples only where it is the smaller (`timing` — it could slow its own
-        to inflate what is subtracted), and is the processes' footing (`reproduce.reproducible`)."""
+        to inflate what is subtracted), and is the processes' footing (`reproduce.reproducible`). Each side's
+        CPU time in it goes to the ledger: the candidate's beyond the reference's is billed."""
         cand = procs[order.current]
         order_ = [ev.ref, cand] if ev.rng.random() < 0.5 else [cand, ev.ref]
-        got = {s.role: s.timed({"cmd": "null"}, clock)[0] for s in order_}
+        got = {s.role: ledger.window(s.role, s.pid, lambda s=s: s.timed(NULL, clock)[0]) for s in order_}
         return got["reference"], got["candidate"]
 
     def interval(ratios: list[float], firsts: list[bool]) -> tuple[float, float, float]:  # as the record will be
@@ -88,15 +98,14 @@ def time_candidate(ev) -> None:
                                     [f for f, w in zip(firsts, order.who) if w == j]) for j in range(k)])
 
     def check_round(i: int) -> None:
-        ev._check_mutation("during a timed call")
-        ref_out = ev._output("reference", replies["reference"].get("values", []), copy=False)
-        cand_out = ev._output("candidate", list(replies["candidate"].get("values", [])), copy=False)
-        if not (ev.guarded and sampler.agrees(ref_out, cand_out)):
-            cmp = compare_outputs(ref_out, cand_out, *tol)
-            if not cmp.ok:
-                raise Reject("incorrect", ["stale_output"] if "value_mismatch" in cmp.reasons else cmp.reasons,
-                             "an output of a timed call was wrong (the answer did not follow fresh inputs): "
-                             + cmp.message)
+        if not intact["candidate"] and intact["reference"]:  # (`Evaluation._check_mutation`)
+            raise Reject("incorrect", ["input_mutation"], "during a timed call: the candidate modified its inputs")
+        ref_out, cand_out = _as_output(ev, taken["reference"]), _as_output(ev, taken["candidate"])
+        cmp = accepted.compare(ref_out, cand_out, on=ev.device)
+        if not cmp.ok:
+            reasons = ["stale_output"] if "value_mismatch" in cmp.reasons else cmp.reasons
+            raise Reject("incorrect", reasons, "an output of a timed call was wrong (held to the rule the trials "
+                         "accepted, at elements the judge chose in secret): " + cmp.message)
         if i >= 0 and ev.rng.random() < AUDIT_SHARE:
             ev._audit()
             if k > 1:
@@ -105,15 +114,14 @@ def time_candidate(ev) -> None:
     sibs: list[SideProc] = []
     with DeviceLock(None) if ev.device_lock else DeviceLock(ev.job.get("lock_path")):
         if k > 1:
-            sibs = siblings.start(ev, k, tol)
+            sibs = siblings.start(ev, k, accepted)
             procs += sibs
             siblings.check_stopped(procs)
         run = timing.measure(
             time_ref, time_cand, time_null, next_round, check_round,
             cuda=ev.device.type == "cuda", budget_s=p["time_budget_s"], target=p["target_ci"],
             min_rounds=max(p["min_rounds"], siblings.BLOCK * k if k > 1 else 1), warmup_rounds=3 * k,
-            interval=interval,
-            seed=ev.rng.randrange(1 << 30))
+            interval=interval, seed=ev.rng.randrange(1 << 30), billed=ledger.billed_ms)
     if sibs:
         siblings.end(ev, sibs)
     blocks = timing.split(run, order.who, k) if k > 1 else [run]
@@ -127,8 +135,14 @@ def time_candidate(ev) -> None:
     rec["audits"] = ev.audit.count + 1  # with the one after timing
     rec["busy_probes"] = clock.busy_probes
     rec["probe_idle_ms"] = clock.idle_ms
+    rec.update(ledger.record(run.samples))
     ev.result["timing"] = rec
-    ev.result["guards"] += ["frozen_peer", "judge_clock"]
+    ev.result["guards"] += ["frozen_peer", "judge_clock", "output_at_close", "cpu_ledger"]
+
+
+def _as_output(ev, items: list):
+    """A side's captured items in the reference's output structure."""
+    return items[0] if ev.out_kind == "tensor" else tuple(items)
 
 
 class DeviceLock:

@@ -36,13 +36,13 @@ import random
 import torch
 
 from kernelcraft.judge import isolation
-from kernelcraft.judge.compare import compare_outputs
+from kernelcraft.judge.acceptance import Acceptance
 from kernelcraft.judge.guards import Reject
 from kernelcraft.judge.procs import descendants
-from kernelcraft.judge.sideproc import SideProc, end_candidate
+from kernelcraft.judge.sideproc import RUN, SideProc, end_candidate
 
 
-def start(ev, k: int, tol) -> list[SideProc]:
+def start(ev, k: int, accepted: Acceptance) -> list[SideProc]:
     """k - 1 more candidate processes beside `ev.cand`, each imported, constructed, lent the candidate's arenas
     and checked once against the reference on a fresh draw. Registered with the audit as `candidate.N`."""
     sibs: list[SideProc] = []
@@ -63,13 +63,12 @@ def start(ev, k: int, tol) -> list[SideProc]:
         ev.fresh_state((ev.ref, side), "time")  # a stateful task: both from their constructed state
         ev.redraw()
         ev._poison()
-        replies = {"reference": ev.ref.request(dict(cmd="run", check=True), phase="time"),
-                   "candidate": side.request(dict(cmd="run", check=True), phase="time")}
+        replies = {"reference": ev.ref.request(RUN, phase="time"), "candidate": side.request(RUN, phase="time")}
         if ev.device.type == "cuda":
             torch.cuda.synchronize()
         ev._check_mutation(f"candidate process {j + 1} of {k}")
         ref_out, cand_out, _ = ev._trial_outputs(replies)
-        cmp = compare_outputs(ref_out, cand_out, *tol, on=ev.device)
+        cmp = accepted.compare(ref_out, cand_out, on=ev.device)
         if not cmp.ok:
             raise Reject("incorrect", cmp.reasons, f"candidate process {j + 1} of {k} (a fresh process for "
                          f"timing) failed its correctness trial: {cmp.message}")

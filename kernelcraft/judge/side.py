@@ -167,6 +167,13 @@ class Side:
             return {"type": "ok", "reserved": int(torch.cuda.memory_reserved())}
         return {"type": "ok", "reserved": 0}
 
+    def cmd_trim(self, msg: dict, fds) -> dict:
+        """A large output's trial is over: the allocator's cached blocks go back to the device (the other
+        processes' float64 call and copies need the room)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"type": "ok"}
+
     def cmd_inputs(self, msg: dict, fds) -> dict:
         self.inputs = arena.attach(msg["arena"], fds)
         self.values = msg["values"]
@@ -183,6 +190,7 @@ class Side:
 
     def cmd_outputs(self, msg: dict, fds) -> dict:
         self.outs = arena.attach(msg["arena"], fds)
+        self._null_outs = None
         self.out_kind = msg["kind"]
         self.large = sum(b.numel() * b.element_size() for b in self.outs if b is not None) > large_bytes()
         return {"type": "ok"}
@@ -228,80 +236,83 @@ class Side:
         return {"type": "ok", "kind": kind, "items": specs, "stateful": bool(stateful), "tf32_convolutions": tf32}
 
     def cmd_run(self, msg: dict, fds) -> dict:
-        self.phase = "check" if msg.get("check") else "time"
-        if msg.get("keep_state"):  # a call outside the paired ones (the weights check's old-weights run)
+        """One forward on the inputs in the arena, its outputs copied into the judge's arena, the device synced.
+        The same request and the same path for every call the judge makes (trials, timed rounds, the weights
+        trial): nothing in this process tells a checked call from a timed one. `keep_state` (a stateful task's
+        first call, never judged) puts the plain-attribute and RNG state back afterwards."""
+        self.phase = "check"
+        if msg.get("keep_state"):
             plain, rng = modelstate.plain_state(self.model), modelstate.rng_state(self.device)
             out = self._forward()
             modelstate.set_plain_state(self.model, plain)
             modelstate.set_rng_state(rng)
         else:
-            if self.large:  # a large output: never two at once (the judge's memory notes); both sides alike,
-                self._last_out = None  # timed or not
+            if self.large:  # a large output: never two at once (the judge's memory notes), both sides alike
+                self._last_out = None
             out = self._forward()
         self._last_out = out
-        reply = self._deliver(out, check=bool(msg.get("check")))
-        if msg.get("check") and self.device.type == "cuda" and self.large:
-            torch.cuda.empty_cache()  # untimed: the other processes' float64 call and copies need the room
-        return reply
+        return self._deliver(out)
 
-    def _deliver(self, out, check: bool) -> dict:
+    def _deliver(self, out) -> dict:
         """Everything a call does after forward: the structure checks, the copy into the judge's arena, the
-        device sync, the reply. `null` repeats exactly this on the last output, so the overhead the judge
-        subtracts is the whole round trip except forward itself."""
+        device sync, the reply. Only type-level calls touch the candidate's objects (`_structure`)."""
         items = self._structure(out)
         for buf, o in zip(self.outs, items):
             if buf is not None:
-                buf.copy_(o)
-        check = check and self.role == "candidate" and self.guarded
-        # on a GPU the arena copy above ran on the current stream, before any sync: the snapshot
-        snap = check and self.device.type == "cuda"
+                buf.copy_(o)  # on a GPU on the current stream, before any sync: the snapshot `cmd_audit` reads
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        values = [None if buf is not None else _plain(o) for buf, o in zip(self.outs, items)]
-        if check:
-            self._tripwires(items, snap)
-        return {"type": "done", "values": values}
+        return {"type": "done", "values": [None if buf is not None else _plain(o) for buf, o in zip(self.outs, items)]}
 
     def _structure(self, out) -> list:
-        """The output as a list matching the reference's structure, or the reason it does not."""
+        """The output as a list matching the reference's structure, or the reason it does not. Type-level calls
+        only (`type(o)`, `torch.Tensor.<descriptor>.__get__(o)`): an attribute a candidate set on its own tensor
+        never runs here."""
         if self.out_kind == "tensor":
-            if not isinstance(out, torch.Tensor):
+            if not _is_tensor(out):
                 raise Reject("incorrect", ["non_tensor_output"], f"expected a tensor, got {type(out).__name__}")
             items = [out]
         else:
-            if not isinstance(out, (tuple, list)):
+            if type(out) not in (tuple, list):
                 raise Reject("incorrect", ["non_tensor_output"],
                              f"expected a sequence of {len(self.outs)} outputs, got {type(out).__name__}")
-            items = list(out)
+            items = list.__iter__(out) if type(out) is list else tuple.__iter__(out)
+            items = list(items)
         if len(items) != len(self.outs):
             raise Reject("incorrect", ["shape_mismatch"], f"expected {len(self.outs)} outputs, got {len(items)}")
         for i, (buf, o) in enumerate(zip(self.outs, items)):
             where = f"output {i}: " if len(items) > 1 else ""
             if buf is None:
                 continue
-            if not isinstance(o, torch.Tensor):
+            if not _is_tensor(o):
                 raise Reject("incorrect", ["non_tensor_output"], f"{where}expected a tensor, got {type(o).__name__}")
             if self.guarded and (  # both roles: the same harness path, the same cost, in timed calls
-                    not is_plain_tensor(o) or o.layout != torch.strided or not has_real_storage(o)):
+                    not is_plain_tensor(o) or _LAYOUT(o) != torch.strided or not has_real_storage(o)):
                 raise Reject("incorrect", ["lazy_output"], f"{where}got a {type(o).__module__}.{type(o).__name__} "
                              "without real strided storage, not a plain torch.Tensor")
-            if tuple(o.shape) != tuple(buf.shape):
-                raise Reject("incorrect", ["shape_mismatch"],
-                             f"{where}expected shape {tuple(buf.shape)}, got {tuple(o.shape)}")
-            if o.dtype != buf.dtype:
-                raise Reject("incorrect", ["dtype_mismatch"], f"{where}expected dtype {buf.dtype}, got {o.dtype}")
-            if o.device.type != buf.device.type:
-                raise Reject("incorrect", ["device_mismatch"], f"{where}expected device {buf.device}, got {o.device}")
+            shape, dtype, device = tuple(_SHAPE(o)), _DTYPE(o), _DEVICE(o)
+            if shape != tuple(buf.shape):
+                raise Reject("incorrect", ["shape_mismatch"], f"{where}expected shape {tuple(buf.shape)}, got {shape}")
+            if dtype != buf.dtype:
+                raise Reject("incorrect", ["dtype_mismatch"], f"{where}expected dtype {buf.dtype}, got {dtype}")
+            if device.type != buf.device.type:
+                raise Reject("incorrect", ["device_mismatch"], f"{where}expected device {buf.device}, got {device}")
         return items
 
-    def _tripwires(self, items, snap) -> None:
-        """Candidate only, on correctness trials: what it did to its own process (bad news is trusted)."""
-        if snap and not all(tripwires.same_values(b, o) for b, o in zip(self.outs, items) if b is not None):
-            raise Reject("rejected", ["extra_stream"], "the output changed after forward returned "
-                         "(work still running on another stream)")
-        self.cmd_audit({}, ())
+    def _snapshot_holds(self) -> bool:
+        """The arena copy made before the device sync equals the output now (GPU): no work on another stream
+        was still writing the output when forward returned."""
+        last = self._last_out
+        if last is None or self.device.type != "cuda":
+            return True
+        items = [last] if _is_tensor(last) else list(last) if type(last) in (tuple, list) else []
+        return all(tripwires.same_values(b, o) for b, o in zip(self.outs, items) if b is not None and _is_tensor(o))
 
     def cmd_audit(self, msg: dict, fds) -> dict:
+        """The candidate's in-process tripwires, after a checked call (the judge has its output by then)."""
+        if self.role == "candidate" and self.guarded and not self._snapshot_holds():
+            raise Reject("rejected", ["extra_stream"], "the output changed after forward returned "
+                         "(work still running on another stream)")
         if self.role == "candidate" and self.guarded and self.state is not None:
             guards.check_hooks()
             self.state.verify()
@@ -346,18 +357,23 @@ class Side:
                                               msg.get("picks"))}
 
     def cmd_null(self, msg: dict, fds) -> dict:
-        """The empty round trip the judge subtracts: a call without forward. After a first `run` it delivers the
-        last output again (structure checks, arena copy, sync: `_deliver`), so output size costs nothing
-        extra to either side; before one, or when no output is a tensor, one tiny kernel and a sync on a GPU,
-        so the switch to this process's CUDA context is in the overhead as it is in every real call."""
-        last = self._last_out
-        if last is not None and any(b is not None for b in self.outs):
-            self._deliver(last, check=False)
+        """The empty round trip the judge subtracts: a call without forward that touches nothing the candidate
+        made. It moves as many bytes as a call's output copy (the arena read into a buffer of this side's own,
+        the arena itself left as it is) and syncs the device, so output size and the switch to this process's
+        CUDA context are in the overhead as they are in every real call."""
+        if self.large or not any(b is not None for b in self.outs):
+            if self.device.type == "cuda":
+                if getattr(self, "_null_buf", None) is None:
+                    self._null_buf = torch.zeros(1, device=self.device)
+                self._null_buf.add_(1)
+                torch.cuda.synchronize()
             return {"type": "done", "values": []}
+        if getattr(self, "_null_outs", None) is None:
+            self._null_outs = [None if b is None else torch.empty_like(b) for b in self.outs]
+        for dst, buf in zip(self._null_outs, self.outs):
+            if buf is not None:
+                dst.copy_(buf)
         if self.device.type == "cuda":
-            if getattr(self, "_null_buf", None) is None:
-                self._null_buf = torch.zeros(1, device=self.device)
-            self._null_buf.add_(1)
             torch.cuda.synchronize()
         return {"type": "done", "values": []}
 
@@ -378,6 +394,16 @@ class Side:
             raise Reject("rejected", ["no_custom_kernel"],
                          f"strict mode: no kernel of the candidate's own ran in forward ({evidence})")
         return {"type": "ok"}
+
+
+_SHAPE = torch.Tensor.shape.__get__  # type-level descriptors: never an attribute of the candidate's object
+_DTYPE = torch.Tensor.dtype.__get__
+_DEVICE = torch.Tensor.device.__get__
+_LAYOUT = torch.Tensor.layout.__get__
+
+
+def _is_tensor(o) -> bool:
+    return issubclass(type(o), torch.Tensor)
 
 
 def serve(role: str, sock, protected: list[int]) -> None:

@@ -29,6 +29,8 @@ from kernelcraft.judge.wire import Closed, JudgeEnd
 from kernelcraft.verdict import REASONS
 
 BAD_STATUSES = ("incorrect", "compile_error", "runtime_error", "timeout", "rejected")
+RUN = {"cmd": "run"}  # the one request that runs a forward: trials, timed rounds and the weights trial alike
+NULL = {"cmd": "null"}  # the empty round trip (`side.Side.cmd_null`)
 
 
 def _signal_name(status: int) -> str:

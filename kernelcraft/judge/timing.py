@@ -201,6 +201,7 @@ def measure(
     interval: Callable[[list[float], list[bool]], tuple[float, float, float]] | None = None,
     batch: int = 10,
     seed: int = 0,
+    billed: Callable[[int], float] | None = None,
 ) -> TimingResult:
     """Paired, interleaved rounds until the speedup CI is within ±target (or within `STOP_SHARE` of the
     between-run half-width, module docstring) or `budget_s` is spent.
@@ -210,6 +211,8 @@ def measure(
     call each (ms, overhead included); `check_round(i)` raises when round i's outputs or inputs are wrong.
     `interval(ratios, ref_first)` -> (speedup, lo, hi) is the CI the stopping rule tests (default `balanced_ci`;
     several candidate processes test the interval spanning each one's, as the record will report it).
+    `billed(rounds)` -> ms added to every candidate sample: CPU time its processes used outside the clock
+    (`treecpu.Ledger`).
     """
     rng = random.Random(seed)
     t_end = _perf_ns() + int(warmup_s * 1e9)
@@ -232,8 +235,9 @@ def measure(
         o = statistics.median(nulls)
         o_cand = min(o, statistics.median(cand_nulls))  # the candidate's own null only where it is the smaller
         floor = max(RESOLUTION_FLOOR * o, 1e-6)
+        bill = billed(len(cand_h)) if billed is not None else 0.0
         refs = [max(r - o, floor) for r in ref_h]
-        cands = [max(c - o_cand, floor) for c in cand_h]
+        cands = [max(c - o_cand + bill, floor) for c in cand_h]
         return refs, cands, [r / c for r, c in zip(refs, cands)], o
 
     while rounds < max_rounds:

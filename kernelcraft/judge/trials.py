@@ -21,15 +21,18 @@ import torch
 from torch.utils._pytree import tree_map
 
 from kernelcraft.judge import partial, precision, tripwires
+from kernelcraft.judge.acceptance import Acceptance
 from kernelcraft.judge.arena import total_bytes
 from kernelcraft.judge.compare import any_finite, compare_outputs, is_oom
 from kernelcraft.judge.guards import Reject
+from kernelcraft.judge.sideproc import RUN
 
 STALE_KEEP_BYTES = 1 << 30  # the previous trial's candidate output is kept up to this size (worker's docstring)
 
 
-def run_trials(ev) -> None:
-    """The trials of `ev` (a `worker.Evaluation`); raises `Reject` with the first failure."""
+def run_trials(ev) -> Acceptance:
+    """The trials of `ev` (a `worker.Evaluation`); raises `Reject` with the first failure. Returns what they
+    accepted (`acceptance`): the rule every later output of this evaluation is held to."""
     p = ev.p
     trials = p["trials"]
     passed, max_abs, max_rel, atol, rtol = 0, 0.0, 0.0, None, None
@@ -64,11 +67,14 @@ def run_trials(ev) -> None:
         try:
             for s in (first, second):
                 stage = s.role
-                replies[s.role] = s.request(dict(cmd="run", check=True), phase="check")
+                replies[s.role] = s.request(RUN, phase="check")
                 if ev.device.type == "cuda":
                     torch.cuda.synchronize()
             stage = "outputs"
-            ref_out, cand_out, moved = ev._trial_outputs(replies)
+            ref_out, cand_out, moved = ev._trial_outputs(replies)  # the candidate's copied before it runs again
+            audited = ev.guarded and not ev.large_outputs  # a large output is read in place: audit after comparing
+            if audited:  # the in-process tripwires (names for attempted cheats), once the output is the judge's
+                ev.cand.request({"cmd": "audit"}, phase="check")
             ev._check_mutation(when)
             stage = "sane"
             _reference_sane(ref_out)
@@ -94,6 +100,11 @@ def run_trials(ev) -> None:
                 raise Reject("incorrect", ["stale_output"], f"{when}: the candidate returned the "
                              "previous trial's output for new inputs (a cached answer)")
             raise Reject("incorrect", cmp.reasons, f"{when}: {cmp.message}")
+        if ev.guarded and not audited:
+            ev.cand.request({"cmd": "audit"}, phase="check")
+        if ev.large_outputs:  # both sides' cached blocks back to the device before the next float64 call
+            for s in (ev.ref, ev.cand):
+                s.request({"cmd": "trim"}, phase="check")
         if share is None:
             passed += 1
         else:
@@ -110,7 +121,7 @@ def run_trials(ev) -> None:
         raise Reject("incorrect", final.reasons, f"over {trials + partials['partial_trials']} trials: "
                      + final.message)
     rule.release()
-    ev.timed_tol = rule.timed_tolerance(p["atol"], p["rtol"])
+    accepted = rule.acceptance(p["atol"], p["rtol"])
     if ev.guarded:
         ev.result["guards"] += ["process_state", "threads", "output_snapshot"]
     if p["mode"] == "strict":
@@ -118,6 +129,7 @@ def run_trials(ev) -> None:
         ev.redraw()
         ev.cand.request(dict(cmd="own_kernel", kernel_names=ev.job.get("kernel_names") or []),
                           phase="check")
+    return accepted
 
 
 def _tensors(out, fn):

@@ -42,7 +42,6 @@ from __future__ import annotations
 import torch
 
 from kernelcraft.judge.arena import Arena, TensorSpec, attach
-from kernelcraft.judge.compare import compare_outputs
 from kernelcraft.judge.guards import Reject
 
 MAX_LISTED = 8  # mismatching keys named in the record
@@ -224,7 +223,7 @@ def _newly_nonfinite(old, new) -> bool:
                and bool((torch.isfinite(a) & ~torch.isfinite(b)).any()) for a, b in pairs)
 
 
-def check(ev) -> None:
+def check(ev, accepted) -> None:
     """After the correctness trials (`ev`: the judge's `worker.Evaluation`): the same new weights into both
     models, one more trial. Records `weights` in the result; raises `weights_ignored` when the candidate's
     outputs do not follow them."""
@@ -256,7 +255,7 @@ def check(ev) -> None:
     # the reference's output with its own weights, on a fresh draw the candidate never runs on before the trial
     ev.redraw()
     ev._poison()
-    r0 = ev._output("reference", ev.ref.request(dict(cmd="run", check=True, keep_state=True),  # not a paired call:
+    r0 = ev._output("reference", ev.ref.request(dict(cmd="run", keep_state=True),  # not a paired call:
                                                 phase="check").get("values", []), copy=True)  # state kept
     loaded = _load(ev, arenas, keys, new, rec)
     if loaded == "reference":
@@ -269,7 +268,7 @@ def check(ev) -> None:
     order = [ev.ref, ev.cand] if ev.rng.random() < 0.5 else [ev.cand, ev.ref]
     replies = {}
     for s in order:
-        replies[s.role] = s.request(dict(cmd="run", check=True), phase="check")
+        replies[s.role] = s.request({"cmd": "run"}, phase="check")
         if ev.device.type == "cuda":
             torch.cuda.synchronize()
     copy = not ev.in_place()  # a large output is read in its arena once the device is idle (judge/worker.py)
@@ -282,18 +281,17 @@ def check(ev) -> None:
         _load(ev, arenas, keys, original, {})
         return
     rec["checked"] = True
-    # the tolerance the trials' rule accepted (calibrated: widened to the reference's own error, e.g. cuDNN's
-    # TF32 convolutions; fixed: atol/rtol), never the bare fixed bound: on the H100 an honest channels-last conv
-    # was a false `weights_ignored` at 1.9e-4 > 1e-4 after new weights
-    atol, rtol = getattr(ev, "timed_tol", (p["atol"], p["rtol"]))
-    rec["changed_output"] = not compare_outputs(r0, r1, atol, rtol, on=ev.device).ok
+    # the rule the trials accepted (`acceptance`: calibrated outputs relative to their scale, widened to the
+    # reference's own error, e.g. cuDNN's TF32 convolutions), never the bare fixed bound: on the H100 an honest
+    # channels-last conv was a false `weights_ignored` at 1.9e-4 > 1e-4 after new weights
+    rec["changed_output"] = not accepted.compare(r0, r1, on=ev.device).ok
     ev.result["guards"].append("weights_as_inputs")
-    cmp = compare_outputs(r1, c1, atol, rtol, on=ev.device)
+    cmp = accepted.compare(r1, c1, on=ev.device)
     if cmp.ok:
         return
     if not rec["changed_output"]:  # the new weights changed nothing: this is a plain wrong answer
         raise Reject("incorrect", cmp.reasons, f"trial {p['trials'] + 1} (after new weights): {cmp.message}")
-    follows_old = compare_outputs(r0, c1, atol, rtol, on=ev.device).ok
+    follows_old = accepted.compare(r0, c1, on=ev.device).ok
     why = ("its outputs are those of the weights it was constructed with (a copy taken at construction?)"
            if follows_old else "its outputs were right only for the weights it was constructed with")
     raise Reject("incorrect", ["weights_ignored"], "after both models loaded the same new weights "

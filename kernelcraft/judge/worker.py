@@ -64,7 +64,7 @@ from kernelcraft.judge.guards import Reject  # noqa: E402
 from kernelcraft.judge import jobs  # noqa: E402
 from kernelcraft.judge.jobs import Channel, Warm  # noqa: E402,F401  (Channel: the result channel's class)
 from kernelcraft.judge.procs import CHANNEL_FD_VAR  # noqa: E402
-from kernelcraft.judge.sideproc import SideProc  # noqa: E402
+from kernelcraft.judge.sideproc import RUN, SideProc  # noqa: E402
 
 HOST_SHARE = 1 / 3  # inputs + outputs above this share of the GPU: the judge's copies in host memory (`_place_copies`)
 HOST_SHARE_VAR = "KERNELCRAFT_JUDGE_HOST_SHARE"  # overrides it (tests force host copies on small tasks with 0)
@@ -142,14 +142,14 @@ class Evaluation:
             known["forker"] = self.forker_pid  # the judge's other child: not an orphan the candidate left
         self.audit = isolation.Audit(os.getpid(), known)
         self.enter("check")
-        self._check()
+        accepted = trials.run_trials(self)  # the correctness trials, and the rule they hand on (judge/acceptance.py)
         self._audit()
         if p["timing"]:
             self.enter("time")
-            self._time()
+            rounds.time_candidate(self, accepted)  # the timed rounds (judge/rounds.py)
         self.enter("check")
         if not job.get("remeasure"):  # a re-measure keeps the first run's weights verdict (`evaluate.remeasure_protocol`)
-            weights.check(self)  # the same new weights into both models, one more trial (judge/weights.py); after
+            weights.check(self, accepted)  # the same new weights into both models, one more trial; after
         self._audit()            # timing (which times the weights as constructed), in the candidate's first process
         self.cand.request({"cmd": "audit"})
         self.result["guards"].append("audits")
@@ -239,7 +239,7 @@ class Evaluation:
         any other keeps what its first call left (a lazily built cache, a captured graph), as it would for a user.
         Outputs are poisoned before every judged call, and the call tells the candidate nothing: the trials draw
         fresh inputs. Returns the side's reply (its output is in the side's arena)."""
-        reply = side.request(dict(cmd="run", check=False, keep_state=self.stateful), phase=phase)
+        reply = side.request(dict(RUN, keep_state=self.stateful) if self.stateful else RUN, phase=phase)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return reply
@@ -345,14 +345,6 @@ class Evaluation:
             torch.cuda.empty_cache()
             self.copy_device = torch.device("cpu")
             return (*both(), True)
-
-    # -- correctness -------------------------------------------------------------------------------------
-    def _check(self) -> None:
-        trials.run_trials(self)  # the correctness trials (judge/trials.py)
-
-    # -- timing ------------------------------------------------------------------------------------------
-    def _time(self) -> None:
-        rounds.time_candidate(self)  # the timed rounds (judge/rounds.py)
 
     def _audit(self) -> None:
         found = self.audit.problems()
