@@ -32,7 +32,8 @@ os.environ.setdefault("KMP_BLOCKTIME", "0")
 
 from worker_phases import end_sides, fork_sides, in_process_job  # noqa: E402  (torch and the zygote's imports)
 
-from kernelcraft.judge import rounds, timing, worker as W  # noqa: E402
+from kernelcraft.judge.speed import rounds, timing  # noqa: E402
+from kernelcraft.judge.process import worker as W
 from kernelcraft.protocol import Protocol  # noqa: E402
 from kernelcraft.task import load_task  # noqa: E402
 

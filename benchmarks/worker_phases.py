@@ -35,16 +35,20 @@ import torch  # noqa: E402
 
 IMPORT_TORCH_S = time.perf_counter() - t0
 os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # as the zygote: nothing before the sides' fork may initialise CUDA
-try:  # what the zygote imports before it forks a worker (judge/zygote.py): not a cost any evaluation pays
+try:  # what the zygote imports before it forks a worker (judge/caller/zygote.py): not a cost any evaluation pays
     import torch._dynamo  # noqa: E402, F401
     import triton  # noqa: E402, F401
 except ImportError:
     pass
 
-from kernelcraft.judge import isolation, partial, precision, rounds, timing, tripwires, weights  # noqa: E402
-from kernelcraft.judge import side as side_mod, sideproc, trials, worker as W  # noqa: E402
+from kernelcraft.judge.process import isolation  # noqa: E402
+from kernelcraft.judge.correctness import partial, precision, weights
+from kernelcraft.judge.speed import rounds, timing
+from kernelcraft.judge.tripwires import calls as tripwires
+from kernelcraft.judge.process import side as side_mod, sideproc, worker as W  # noqa: E402
+from kernelcraft.judge.correctness import trials
 from kernelcraft.candidate import preloads  # noqa: E402
-from kernelcraft.judge.screen import screen  # noqa: E402
+from kernelcraft.judge.caller.screen import screen  # noqa: E402
 from kernelcraft.protocol import Protocol  # noqa: E402
 from kernelcraft.task import load_task  # noqa: E402
 

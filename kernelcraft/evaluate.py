@@ -28,8 +28,8 @@ from pathlib import Path
 from kernelcraft import devices
 from kernelcraft.builder import pch
 from kernelcraft.candidate import Candidate, load_candidate, needs_build, preloads, structure_problem
-from kernelcraft.judge import runner, warm
-from kernelcraft.judge.screen import screen as static_screen
+from kernelcraft.judge.caller import runner, warm
+from kernelcraft.judge.caller.screen import screen as static_screen
 from kernelcraft.protocol import Protocol
 from kernelcraft.task import Task, load_task
 from kernelcraft.verdict import Correctness, Env, Timing, Verdict

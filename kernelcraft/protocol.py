@@ -57,7 +57,7 @@ class Protocol(BaseModel):
     seed: int = Field(42, description="seed of inputs and weights; re-measurements derive their own")
     precision: Literal["calibrated", "fixed"] = Field(
         "calibrated", description="calibrated: the candidate's error vs a float64 evaluation of the reference must "
-        "be within precision_factor x the reference's own (judge/precision.py); fixed: atol/rtol only "
+        "be within precision_factor x the reference's own (judge/correctness/precision.py); fixed: atol/rtol only "
         "(KernelBench-style)")
     precision_factor: float = Field(6.0, ge=1, le=1e6, description="calibrated rule: how many times the "
                                     "reference's own RMS error vs float64 a candidate's may be")
@@ -70,7 +70,7 @@ class Protocol(BaseModel):
     time_budget_s: float | None = Field(None, ge=0, le=600, description="seconds of paired timing before "
                                         "giving up on the CI target (default 1 cpu / 2 gpu)")
     target_ci: float = Field(0.01, ge=0, le=1, description="stop timing once the speedup's 95% CI half-width "
-                             "is below this fraction (or below half the between-run part, judge/timing.py; 0: "
+                             "is below this fraction (or below half the between-run part, judge/speed/timing.py; 0: "
                              "time for the whole budget)")
     min_rounds: int = Field(10, ge=1, le=100_000, description="paired timing rounds at least")
     processes: int | None = Field(None, ge=1, le=8, description="candidate processes timed interleaved in blocks "

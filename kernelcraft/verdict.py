@@ -75,7 +75,7 @@ class Correctness(BaseModel):
     atol: float | None = None
     rtol: float | None = None
     rule: str | None = Field(None, description="what judged the values: 'calibrated' (against a float64 evaluation "
-                             "of the reference, judge/precision.py), 'fixed' (atol/rtol) or 'exact' (integer/bool)")
+                             "of the reference, judge/correctness/precision.py), 'fixed' (atol/rtol) or 'exact' (integer/bool)")
     rule_note: str | None = Field(None, description="why an output fell back to the fixed rule, if one did")
     precision_factor: float | None = None
     err_ratio: float | None = Field(None, description="calibrated: share of the allowed error the candidate used "
@@ -87,10 +87,10 @@ class Correctness(BaseModel):
     cand_max_err: float | None = None
     envelope_err: float | None = Field(None, description="calibrated, GPU: the reference's RMS error vs float64 with "
                                        "its convolutions in TF32 (cuDNN's default), relative; the bound uses it where "
-                                       "it exceeds ref_err (judge/fp64.py)")
+                                       "it exceeds ref_err (judge/correctness/fp64.py)")
     bf16_envelope_err: float | None = Field(None, description="calibrated, GPU, where envelope_err exceeds 0.25%: "
                                             "the same with bf16 convolutions; the RMS bound stays 2/3 of the way "
-                                            "(log scale) from the TF32 envelope to it (judge/bounds.py)")
+                                            "(log scale) from the TF32 envelope to it (judge/correctness/bounds.py)")
     partial_trials: int | None = Field(None, description="trials on the previous inputs with a few elements changed "
                                        "(same addresses) that passed")
     partial_skipped: int | None = Field(None, description="partial trials skipped: the reference failed on the "
@@ -137,7 +137,7 @@ class Timing(BaseModel):
     untimed_cpu_ms: dict[str, float] | None = Field(None, description="CPU time each side's process tree used in "
                                                     "its requests outside the clock during timing (the null round "
                                                     "trip, a stateful task's restore), read from the kernel by the "
-                                                    "judge (judge/treecpu.py)")
+                                                    "judge (judge/speed/treecpu.py)")
     untimed_windows: dict[str, int] | None = Field(None, description="how many such requests each side answered")
     billed_ms: float | None = Field(None, description="ms added to every candidate sample: its untimed CPU time "
                                     "beyond the reference's (and a small allowance), spread over the timed rounds")
@@ -146,7 +146,7 @@ class Timing(BaseModel):
 
 
 class Weights(BaseModel):
-    """The weights check (judge/weights.py): both models loaded the same new weights, one more trial."""
+    """The weights check (judge/correctness/weights.py): both models loaded the same new weights, one more trial."""
     checked: bool = Field(False, description="the trial with new weights ran")
     matched: bool | None = Field(None, description="the candidate's state_dict keys and shapes are the reference's "
                                  "and it loaded them (False: not a drop-in for the reference's weights)")

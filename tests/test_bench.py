@@ -121,7 +121,7 @@ def test_failures_the_reference_could_not_judge_are_counted_and_shown(monkeypatc
             {"correct": False, "speedup": None, "reasons": ["value_mismatch", "unverifiable_reference"]},
             {"correct": False, "speedup": None, "reasons": ["value_mismatch"]}]
     from kernelcraft.bench import metrics as bench_metrics
-    from kernelcraft.judge import bounds
+    from kernelcraft.judge.correctness import bounds
 
     assert bench_metrics.UNVERIFIABLE == bounds.UNVERIFIABLE  # one code (verdict.py), read by the bench and the judge
     m = metrics(rows)
@@ -617,7 +617,7 @@ def test_cancelled_optimize_drops_the_killed_evaluation_and_resumes(tmp_path, ca
     """What bench does to a concurrent optimize run on Ctrl-C: cancel, then kill its worker mid-evaluation."""
     import threading
 
-    from kernelcraft.judge import runner
+    from kernelcraft.judge.caller import runner
     from kernelcraft.search.optimize import Cancelled, Options, optimize
     from kernelcraft.search.rundb import RunDB
 

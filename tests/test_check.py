@@ -1,6 +1,6 @@
 """check.compare_outputs: structure, per-dtype default tolerances, RMS-scaled atol, NaN/Inf, subclasses.
 
-The tolerance rule under test (kernelcraft/judge/compare.py):  |cand - ref| <= atol * scale + rtol * |ref|
+The tolerance rule under test (kernelcraft/judge/correctness/compare.py):  |cand - ref| <= atol * scale + rtol * |ref|
 elementwise, with scale = max(1, RMS(ref)); defaults per dtype fp32 1e-4, fp16/bf16 1e-2, fp64 1e-7.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernelcraft.judge.compare import DEFAULT_TOL, compare_outputs
+from kernelcraft.judge.correctness.compare import DEFAULT_TOL, compare_outputs
 
 
 def ok(ref, cand, **kw):
@@ -190,7 +190,7 @@ def test_inf_must_match_reference_inf():
 def test_finite_where_reference_is_not_finite_fails(bad):
     """NaN/Inf are compared as values (check.py's docstring): where the reference overflows to Inf or yields NaN,
     a candidate returning a finite number (e.g. zeros) computed something else. torch.allclose, KernelBench's
-    check, fails it too. BUG (kernelcraft/judge/compare.py): positions non-finite in the reference are skipped unless the
+    check, fails it too. BUG (kernelcraft/judge/correctness/compare.py): positions non-finite in the reference are skipped unless the
     candidate is non-finite there, so an all-NaN/Inf reference is matched by torch.zeros."""
     r = torch.tensor([1.0, bad])
     res = compare_outputs(r, torch.tensor([1.0, 0.0]))
@@ -243,7 +243,7 @@ def test_reference_sanity_reads_outputs_in_chunks(monkeypatch):
     per element: 1.5 GiB for KernelBench's 6 GiB outputs, which ran the judge out of memory on an 80 GB H100)."""
     import math
 
-    from kernelcraft.judge import compare
+    from kernelcraft.judge.correctness import compare
 
     monkeypatch.setattr(compare, "DEVICE_CHUNK", 7)
     t = torch.full((5, 9), math.nan)

@@ -125,7 +125,7 @@ def test_kernel_tracer_sees_launches_streams_and_graph_replays():
     kernels replayed from a CUDA graph, where no launch API is called."""
     import torch
 
-    from kernelcraft.judge import kerneltrace
+    from kernelcraft.judge.tripwires import kerneltrace
 
     x = torch.ones(1 << 16, device="cuda")
     t = kerneltrace.Tracer()

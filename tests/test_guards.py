@@ -303,7 +303,7 @@ def test_header_parser_rejects_malformed(tmp_path):
 def test_process_state_sees_patches_and_flags():
     import torch
 
-    from kernelcraft.judge import guards
+    from kernelcraft.judge.tripwires import guards
 
     state = guards.ProcessState.capture()
     state.verify()  # nothing changed
@@ -340,7 +340,7 @@ def test_process_state_sees_patches_and_flags():
 def test_same_values_nan_and_structure():
     import torch
 
-    from kernelcraft.judge.tripwires import same_values
+    from kernelcraft.judge.tripwires.calls import same_values
 
     a = torch.tensor([1.0, float("nan")])
     assert same_values(a, a.clone())
@@ -353,7 +353,7 @@ def test_same_values_nan_and_structure():
 def test_check_threads_flags_only_candidate_threads(tmp_path):
     import threading
 
-    from kernelcraft.judge import guards
+    from kernelcraft.judge.tripwires import guards
 
     state = guards.ProcessState.capture()
     cand = tmp_path / "candidate.py"

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from kernelcraft.evaluate import evaluate
-from kernelcraft.judge import arena, isolation
-from kernelcraft.judge.wire import Closed, JudgeEnd, SideEnd
+from kernelcraft.judge.process import arena, isolation
+from kernelcraft.judge.process.wire import Closed, JudgeEnd, SideEnd
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SECCOMP = platform.machine() in ("x86_64", "aarch64")

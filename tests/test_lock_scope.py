@@ -8,7 +8,7 @@ import time
 import pytest
 
 from kernelcraft.evaluate import evaluate
-from kernelcraft.judge.runner import cache_root
+from kernelcraft.judge.caller.runner import cache_root
 
 TASK = "tiny/level1/relu"
 CAND = '''

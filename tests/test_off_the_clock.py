@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from kernelcraft.evaluate import evaluate
-from kernelcraft.judge import treecpu
-from kernelcraft.judge.side import Side
+from kernelcraft.judge.speed import treecpu
+from kernelcraft.judge.process.side import Side
 
 FIX = Path(__file__).parent / "fixtures"
 

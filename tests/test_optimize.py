@@ -67,7 +67,7 @@ def test_verified_speedup_on_a_tiny_conv_task(tmp_path, cache_dir):
     """The channels-last rewrite is found, correct and timed. Whether it is faster depends on the host: on the
     2-core CI host it is ~1.0-1.1x at ~0.5 ms calls under a ~0.2 ms round trip (its within-run interval's low end
     read 0.98-0.99 in 5 runs in a row one afternoon, above 1 in the runs around them), which a re-run does not
-    reproduce to +-10% (the reproducibility interval, judge/timing.py), so the run may honestly end without a
+    reproduce to +-10% (the reproducibility interval, judge/speed/timing.py), so the run may honestly end without a
     verified win; when it claims one, it is a confirmed drop-in. (A speed claim is a benchmark's, not this test's.)"""
     res = optimize("tiny/level3/small_cnn", tmp_path, Options(device="cpu", budget=4, confirm=1, protocol=Protocol(time_budget_s=2.0),
                                                               policy_options=NO_COMPILE))

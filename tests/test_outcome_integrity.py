@@ -4,7 +4,7 @@ inside (see the harness_patch_* hack fixtures for the in-worker half)."""
 import pytest
 
 from kernelcraft.evaluate import _assemble
-from kernelcraft.judge.runner import WorkerOutcome
+from kernelcraft.judge.caller.runner import WorkerOutcome
 
 BASE = {"task": "t", "candidate_sha256": "0" * 64, "device": "cpu", "mode": "open"}
 TIMING = {"ref_ms": 2.0, "cand_ms": 1.0, "speedup": 2.0, "ci95": [1.9, 2.1], "samples": 30, "method": "cpu"}

@@ -15,7 +15,7 @@ import pytest
 
 from kernelcraft.protocol import ProtocolError
 from kernelcraft.serve.pool import LocalBackend, Pool, gpu_slots
-from kernelcraft.judge.runner import WorkerOutcome
+from kernelcraft.judge.caller.runner import WorkerOutcome
 from kernelcraft.verdict import Verdict
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -1,5 +1,5 @@
-"""The calibrated precision rule (judge/precision.py, judge/fp64.py), memory-bounded comparison (judge/compare.py)
-and partial-change trials (judge/partial.py): issue 16, points 1, 4 and 8. The verdict-level cases are fixtures
+"""The calibrated precision rule (judge/correctness/precision.py, judge/correctness/fp64.py), memory-bounded comparison (judge/correctness/compare.py)
+and partial-change trials (judge/correctness/partial.py): issue 16, points 1, 4 and 8. The verdict-level cases are fixtures
 (hacks/precision_fp16_softmax.py, hacks/stale_partial_key_cache.py, legit/guard_center_rows_split_mean.py,
 legit/guard_softmax_manual.py, legit/guard_full_key_memo.py, run by test_guards); here: the same candidates under
 the fixed rule (what the calibrated rule changes), the rule's cases on synthetic outputs, and the building blocks.
@@ -18,10 +18,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelcraft.evaluate import evaluate
-from kernelcraft.judge.acceptance import Bound
-from kernelcraft.judge import compare, fp64, partial, precision
-from kernelcraft.judge.arena import TensorSpec
-from kernelcraft.judge.compare import compare_outputs
+from kernelcraft.judge.correctness.acceptance import Bound
+from kernelcraft.judge.correctness import compare, fp64, partial, precision
+from kernelcraft.judge.process.arena import TensorSpec
+from kernelcraft.judge.correctness.compare import compare_outputs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TASKS = FIXTURES / "tasks"
@@ -477,7 +477,7 @@ def test_gpu_plans_start_with_large_chunks_and_end_on_the_cpu():
 
 _PEAK = """
 import resource, sys, torch
-from kernelcraft.judge.compare import compare_outputs
+from kernelcraft.judge.correctness.compare import compare_outputs
 n = 1 << int(sys.argv[1])
 r = torch.randn(n); c = r + 1e-6
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -255,7 +255,7 @@ def test_recipes_refuse_strict_mode(analyses):
 
 
 def test_generated_candidates_pass_the_static_screen(analyses):
-    from kernelcraft.judge.screen import screen
+    from kernelcraft.judge.caller.screen import screen
     task, a = analyses["conv"]
     for recipe in (["cudagraph"], ["triton"], ["compile:reduce-overhead"], ["channels_last", "cudnn_benchmark"],
                    ["bf16"], ["rewrite:inplace", "compile:default"], ["compile:default", "cudagraph"]):

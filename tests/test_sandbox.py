@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcraft.judge import sandbox
+from kernelcraft.judge.caller import sandbox
 from kernelcraft.evaluate import evaluate
 
 FIXTURES = Path(__file__).parent / "fixtures"

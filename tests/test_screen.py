@@ -1,4 +1,4 @@
-"""The static AST screen (kernelcraft.judge.screen): rules on snippets, and what it says about every guard fixture.
+"""The static AST screen (kernelcraft.judge.caller.screen): rules on snippets, and what it says about every guard fixture.
 
 Runs no worker and no candidate code: the whole module takes well under a second.
 """
@@ -12,7 +12,7 @@ import pytest
 
 import test_guards as G
 from kernelcraft.evaluate import evaluate
-from kernelcraft.judge.screen import screen
+from kernelcraft.judge.caller.screen import screen
 
 
 def reasons(src: str, mode: str = "open") -> list[str]:
@@ -74,7 +74,7 @@ def test_screen_on_flagged_fixture_rejects_without_a_worker():
     ("import os\nos.system('true')\n", "thread_injection"),
     ("import os as o\no.posix_spawn\n", "thread_injection"),
     ("import kernelcraft\n", "forbidden_construct"),
-    ("from kernelcraft.judge.guards import ProcessState\n", "forbidden_construct"),
+    ("from kernelcraft.judge.tripwires.guards import ProcessState\n", "forbidden_construct"),
     ("import kernelcraft_reference\n", "forbidden_construct"),
     ("import gc\n", "forbidden_construct"),
     ("import sys\nf = sys._getframe(1)\n", "forbidden_construct"),
@@ -187,7 +187,7 @@ class ModelNew(torch.nn.Module):
 def test_kernel_names_whatever_the_declaration_style():
     # a legitimate strict-mode kernel must be recognised when it runs: a wrong name here means a false
     # `no_custom_kernel` (the H100 throughput run found `__launch_bounds__` after `void` read as the name)
-    from kernelcraft.judge.screen import cuda_kernel_names
+    from kernelcraft.judge.caller.screen import cuda_kernel_names
 
     src = r'''
 __global__ void __launch_bounds__(BLOCK) chain_vec4(const float4* __restrict__ x, float4* y, int64_t n4) {}
@@ -282,7 +282,7 @@ def test_flag_defaults_are_torchs():
     import subprocess
     import sys
 
-    from kernelcraft.judge.screen import CALL_DEFAULTS, FLAG_DEFAULTS
+    from kernelcraft.judge.caller.screen import CALL_DEFAULTS, FLAG_DEFAULTS
 
     exprs = {p: p for p in FLAG_DEFAULTS}
     exprs.update({f"{fn}()": getter + "()" for fn, (_, getter) in CALL_DEFAULTS.items()})

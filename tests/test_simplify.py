@@ -352,7 +352,7 @@ def test_conv_reduce_pipeline_renders_correct_source():
     code = a.variant(["size1_reduce", "sink_pointwise", "conv_reduce"])["code"]
     assert "conv_transpose(" not in code and "_kc_conv_reduce" in code, code
     _every_variant_is_the_reference(task, a)
-    from kernelcraft.judge.screen import screen
+    from kernelcraft.judge.caller.screen import screen
     src = wrappers.render(task.source, ["rewrite:size1_reduce", "rewrite:sink_pointwise", "rewrite:conv_reduce"], a)
     assert "def _kc_conv_reduce(" in src and screen(src, "open").findings == []  # standalone, and it screens clean
 

@@ -39,7 +39,7 @@ def test_buffers_allocated_on_the_first_call_behind_a_flag_are_correct_with_timi
 def test_scalar_flags_go_back_with_the_tensors():
     import torch
 
-    from kernelcraft.judge import modelstate
+    from kernelcraft.judge.process import modelstate
 
     class Lazy(torch.nn.Module):
         def __init__(self):
@@ -76,7 +76,7 @@ def test_restored_state_stays_where_the_forward_moved_it():
     keeps it on that device and dtype (here the meta device and float64 stand in for the GPU)."""
     import torch
 
-    from kernelcraft.judge import modelstate
+    from kernelcraft.judge.process import modelstate
 
     class Cell(torch.nn.Module):
         def __init__(self):

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from kernelcraft.judge import timing
+from kernelcraft.judge.speed import timing
 
 CPU = torch.device("cpu")
 
@@ -225,7 +225,7 @@ def test_round_trip_clock_cpu_has_no_probe():
 
 
 def _block(ratios, lo, hi):
-    from kernelcraft.judge.timing import TimingResult
+    from kernelcraft.judge.speed.timing import TimingResult
     refs = [2.0 * r for r in ratios]
     cands = [2.0] * len(ratios)
     med = sorted(ratios)[len(ratios) // 2]
@@ -237,7 +237,7 @@ def _block(ratios, lo, hi):
 def test_combine_spans_every_process_interval():
     """Independent candidate processes (protocol.processes): the CI spans each block's own interval and the pooled
     one; the point estimate is the pooled median; each block's median is recorded."""
-    from kernelcraft.judge.timing import combine
+    from kernelcraft.judge.speed.timing import combine
     a = _block([4.9, 5.0, 5.1] * 10, 4.95, 5.05)
     b = _block([5.4, 5.5, 5.6] * 10, 5.45, 5.55)
     c = _block([5.1, 5.2, 5.3] * 10, 5.15, 5.25)
@@ -250,7 +250,7 @@ def test_combine_spans_every_process_interval():
 
 
 def test_a_ci_that_cannot_resolve_the_speedup_says_host_too_noisy():
-    from kernelcraft.judge.timing import noise_note
+    from kernelcraft.judge.speed.timing import noise_note
     assert noise_note(_block([1.0] * 9, 0.98, 1.02)) is None
     note = noise_note(_block([5.0] * 9, 1.8, 23.8))
     assert note.startswith("host too noisy") and "x13.22" in note
@@ -260,7 +260,7 @@ def test_a_ci_that_cannot_resolve_the_speedup_says_host_too_noisy():
 def test_reproducible_interval_widens_by_the_between_run_deviation():
     """The reported interval is where a re-run's estimate falls (reproduce.reproducible): this run's interval and the
     calibrated between-run deviation, x sqrt 2 in log space; this run's own interval is kept as within_ci95."""
-    from kernelcraft.judge.reproduce import BETWEEN_RUN, between_run_sd, reproducible
+    from kernelcraft.judge.speed.reproduce import BETWEEN_RUN, between_run_sd, reproducible
     b = _block([2.0] * 9, 1.98, 2.02)  # ref 4 ms, candidate 2 ms, overhead 0.5 ms
     cal = BETWEEN_RUN["cuda"]
     sd = between_run_sd(4.0, 2.0, 0.5, "cuda:1")
@@ -276,7 +276,7 @@ def test_reproducible_interval_widens_by_the_between_run_deviation():
 def test_a_candidate_far_below_the_round_trip_is_still_faster_at_the_lower_end():
     """30x with the candidate's time at a tenth of the round trip: another run may read far more (the upper end is
     wide), but not less than a clear gain — the error is on the times, not on their ratio."""
-    from kernelcraft.judge.reproduce import reproducible
+    from kernelcraft.judge.speed.reproduce import reproducible
     b = _block([30.0] * 9, 27.0, 33.0)
     b.ref_ms, b.cand_ms, b.overhead_ms = 0.3, 0.01, 0.08
     out = reproducible(b, "cpu")
@@ -286,7 +286,7 @@ def test_a_candidate_far_below_the_round_trip_is_still_faster_at_the_lower_end()
 def test_between_run_deviation_grows_as_times_shrink_against_the_round_trip():
     """An absolute error of the overhead subtraction: negligible for long calls, dominant for calls far below the
     round trip (the same code read 0.76-1.34x at 0.2 ms under a 0.7 ms round trip on a GPU); the CPU's is larger."""
-    from kernelcraft.judge.reproduce import between_run_sd
+    from kernelcraft.judge.speed.reproduce import between_run_sd
     long_calls, short_calls = between_run_sd(30.0, 30.0, 0.6, "cuda"), between_run_sd(0.2, 0.2, 0.6, "cuda")
     assert long_calls < 0.02 < 0.15 < short_calls
     assert between_run_sd(0.2, 0.02, 0.6, "cuda") > 3 * between_run_sd(0.2, 0.2, 0.6, "cuda") / 2
@@ -298,7 +298,7 @@ def test_a_reference_process_slow_at_everything_widens_the_lower_end_only():
     """The footing: when the reference's process answers its null round trip slower than the candidate's does, the
     run may overstate the candidate, so the lower end widens by the log of their ratio; a candidate that slows its
     own null widens only its upper end (its own null is never subtracted where it is the larger)."""
-    from kernelcraft.judge.reproduce import reproducible
+    from kernelcraft.judge.speed.reproduce import reproducible
 
     def run(cand_overhead):
         b = _block([5.0] * 9, 4.9, 5.1)
@@ -313,8 +313,8 @@ def test_a_reference_process_slow_at_everything_widens_the_lower_end_only():
 
 def test_a_sub_resolution_interval_says_the_calls_are_too_short():
     """When the between-run part dominates, 'host too noisy' says more rounds would not help."""
-    from kernelcraft.judge.reproduce import reproducible
-    from kernelcraft.judge.timing import noise_note
+    from kernelcraft.judge.speed.reproduce import reproducible
+    from kernelcraft.judge.speed.timing import noise_note
     b = _block([5.0] * 9, 4.9, 5.1)
     b.ref_ms, b.cand_ms, b.overhead_ms = 0.3, 0.06, 0.7
     note = noise_note(reproducible(b, "cuda"))
@@ -325,7 +325,7 @@ def test_a_sub_resolution_interval_says_the_calls_are_too_short():
 
 
 def test_processes_that_disagree_beyond_2x_and_their_intervals_are_noted():
-    from kernelcraft.judge.timing import inconsistent
+    from kernelcraft.judge.speed.timing import inconsistent
     fast, slow = _block([50.0] * 9, 45.0, 55.0), _block([0.12] * 9, 0.11, 0.13)
     assert "differs between the candidate's own processes" in inconsistent([fast, slow, fast])
     noisy_a, noisy_b = _block([4.4] * 9, 1.8, 12.0), _block([6.8] * 9, 2.5, 20.0)  # a busy host: wide intervals
@@ -338,7 +338,7 @@ def test_interleaved_processes_are_split_per_process_and_time_alike():
     """`processes` > 1: one `measure` run whose rounds cycle over the candidate's processes in blocks
     (`siblings.Schedule`); `split` gives each process its own rounds. A process that is slower than its sibling is seen as such, while a
     load that changes during the run (here: every call slowed in the second half) moves both processes alike."""
-    from kernelcraft.judge.siblings import Schedule
+    from kernelcraft.judge.speed.siblings import Schedule
     order = Schedule(2, seed=3)
     calls = {"n": 0}
     slow_half = {"on": False}
@@ -369,7 +369,7 @@ def test_interleaved_processes_are_split_per_process_and_time_alike():
 
 
 def test_schedule_warm_up_visits_every_process():
-    from kernelcraft.judge.siblings import Schedule
+    from kernelcraft.judge.speed.siblings import Schedule
     order = Schedule(3, seed=0, block=2)
     seen = []
     for i in range(6):
@@ -405,7 +405,7 @@ def test_measure_stops_on_the_interval_it_is_given():
 def test_spanning_ci_is_what_combine_reports_for_split_results():
     """The stopping rule's interval for several processes (`spanning_ci`) is the one the record reports
     (`combine` of `split`): computed from the ratios alone, the same numbers."""
-    from kernelcraft.judge.timing import TimingResult, combine, spanning_ci, split
+    from kernelcraft.judge.speed.timing import TimingResult, combine, spanning_ci, split
     rng = random.Random(5)
     who = [rng.randrange(2) for _ in range(60)]
     firsts = [rng.random() < 0.5 for _ in range(60)]
@@ -472,7 +472,7 @@ def test_timing_stops_once_more_rounds_cannot_narrow_the_reported_interval():
     """A call far below the round trip (its between-run part is large) stops after min_rounds instead of spending
     the budget; a long call runs until its interval is within half its (small) between-run part; a target of 0
     spends the whole budget either way."""
-    from kernelcraft.judge.timing import measure
+    from kernelcraft.judge.speed.timing import measure
 
     def run(call_ms, null_ms, target, jitter=0.02):
         def call(ms, seed):

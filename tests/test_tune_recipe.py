@@ -151,7 +151,7 @@ def test_tuned_recipe_plumbing(tmp_path, monkeypatch):
     src = pol.render(frozenset(["tuned"]), _ctx(task, GPU))
     assert "_KC_CONFIG = {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 1, 'num_warps': 8, 'num_stages': 2}" in src
     assert "exact" in src and "class ModelNew(Model)" in src
-    from kernelcraft.judge.screen import screen
+    from kernelcraft.judge.caller.screen import screen
     assert screen(src, "open").findings == []
     conv = load_task("tiny/level2/conv2d_relu_bias")
     assert "tuned" not in RecipesPolicy(analysis=rewrite.analyze(conv.source)).tokens(_ctx(conv, GPU))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernelcraft.evaluate import evaluate
-from kernelcraft.judge import warm
+from kernelcraft.judge.caller import warm
 
 FAST = dict(device="cpu", trials=3, time_budget_s=0.2, min_rounds=3, remeasure_above=None)
 
@@ -185,8 +185,8 @@ def test_a_judge_of_a_task_that_takes_a_large_share_of_its_gpu_is_not_kept():
     kept (or taken and waiting for the lock) with its reference's arenas: such judges are not kept warm."""
     from types import SimpleNamespace
 
-    from kernelcraft.judge.arena import TensorSpec
-    from kernelcraft.judge.jobs import WARM_MAX_SHARE, worth_keeping
+    from kernelcraft.judge.process.arena import TensorSpec
+    from kernelcraft.judge.process.jobs import WARM_MAX_SHARE, worth_keeping
 
     gib = 1 << 30
     total = 80 * gib
@@ -204,7 +204,7 @@ def test_a_judge_of_a_task_that_takes_a_large_share_of_its_gpu_is_not_kept():
 def test_a_job_crowded_out_of_device_memory_by_idle_judges_runs_again(monkeypatch, tmp_path):
     """A job that ran out of device memory while idle judges held part of its GPU is run once more, cold, after
     they are killed; without idle judges on that GPU the out-of-memory verdict stands."""
-    from kernelcraft.judge import runner
+    from kernelcraft.judge.caller import runner
 
     calls = []
 
@@ -250,7 +250,7 @@ def _alive(pid: int) -> bool:
 def test_reset_restores_the_reference_as_constructed(tmp_path):
     """What a warm reference is before each candidate: its constructed weights, buffers, modes and RNG states,
     whatever an earlier job (a weight perturbation, the task's own forward) did to it."""
-    from kernelcraft.judge.side import Side
+    from kernelcraft.judge.process.side import Side
 
     path = tmp_path / "reference.py"
     path.write_text(TASK.replace("self.scale = nn.Parameter(torch.randn(16))",
@@ -300,7 +300,7 @@ def test_a_job_crowded_out_of_device_memory_by_running_jobs_runs_again_alone(mon
     with the GPU to itself (`gpushare`): the retry waits until the job beside it has exited."""
     import threading
 
-    from kernelcraft.judge import runner
+    from kernelcraft.judge.caller import runner
 
     monkeypatch.setattr(warm, "discard_device", lambda d: 0)  # no idle judges: only running jobs crowd it
     b_running, b_release, order = threading.Event(), threading.Event(), []
@@ -344,7 +344,7 @@ def test_gpu_share_prefers_a_waiting_exclusive_holder():
     import threading
     import time
 
-    from kernelcraft.judge.gpushare import Share
+    from kernelcraft.judge.caller.gpushare import Share
 
     s, log, release = Share(), [], threading.Event()
 

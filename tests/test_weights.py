@@ -1,4 +1,4 @@
-"""Weights and module mode as inputs (kernelcraft/judge/weights.py): the perturbation, the state matching, and
+"""Weights and module mode as inputs (kernelcraft/judge/correctness/weights.py): the perturbation, the state matching, and
 evaluations that show what the verdict records. The cheats and the legitimate patterns themselves are fixtures
 (tests/fixtures/hacks/weights_*.py, mode_*.py; legit/guard_weights_*.py, guard_mode_*.py, run by test_guards)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernelcraft.evaluate import evaluate
-from kernelcraft.judge import weights
+from kernelcraft.judge.correctness import weights
 from kernelcraft.protocol import Protocol, ProtocolError
 
 from conftest import FIXTURES

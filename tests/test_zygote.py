@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcraft.judge import sandbox, zygote
+from kernelcraft.judge.caller import sandbox, zygote
 from kernelcraft.evaluate import evaluate
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from kernelcraft.judge.runner import cache_root
+from kernelcraft.judge.caller.runner import cache_root
 from kernelcraft.search.recipes.render import render
 from kernelcraft.version import __version__
 

@@ -73,7 +73,7 @@ from kernelcraft.bench.report import write_report
 from kernelcraft.bench.sources import BenchError, Item, Source, resolve
 from kernelcraft.bench.taskpool import DeviceLease, OneAtATime, run_tasks
 from kernelcraft.evaluate import _env
-from kernelcraft.judge.runner import kill_live_workers
+from kernelcraft.judge.caller.runner import kill_live_workers
 from kernelcraft.protocol import Protocol
 from kernelcraft.search.optimize import Cancelled, Options, RunInUse, RunLock, optimize
 from kernelcraft.search.policies import PolicyError, make_policy

@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
-from kernelcraft.judge.runner import BUILD_PHASES, WAIT_PHASES
+from kernelcraft.judge.caller.runner import BUILD_PHASES, WAIT_PHASES
 
 
 def _clocks(phases: dict) -> tuple[float, float, float]:

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable
 
-from kernelcraft.judge.runner import kill_live_workers
+from kernelcraft.judge.caller.runner import kill_live_workers
 
 EXIT_INTERRUPTED = 130
 

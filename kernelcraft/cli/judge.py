@@ -40,7 +40,7 @@ def _verdict_panel(v) -> None:
 
 
 def _within(t) -> str:
-    """This run's own interval, when the reported one was widened beyond it (judge/reproduce.py)."""
+    """This run's own interval, when the reported one was widened beyond it (judge/speed/reproduce.py)."""
     if not t.within_ci95 or tuple(t.within_ci95) == tuple(t.ci95):
         return ""
     return f"; this run's rounds alone {t.within_ci95[0]:.3f}–{t.within_ci95[1]:.3f}"

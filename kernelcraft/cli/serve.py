@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from kernelcraft.cli.common import app, usage_error
-from kernelcraft.judge.sandbox import SandboxError
+from kernelcraft.judge.caller.sandbox import SandboxError
 from kernelcraft.serve.service import ServiceConfigError, serve
 
 

@@ -45,9 +45,9 @@ from typing import Callable, Iterable, Iterator
 from kernelcraft.candidate import Candidate, load_candidate, needs_build, structure_problem
 from kernelcraft.devices import arch_of, visible_devices
 from kernelcraft.evaluate import _env, evaluate, prebuild
-from kernelcraft.judge import zygote
-from kernelcraft.judge.runner import cache_root
-from kernelcraft.judge.screen import screen
+from kernelcraft.judge.caller import zygote
+from kernelcraft.judge.caller.runner import cache_root
+from kernelcraft.judge.caller.screen import screen
 from kernelcraft.protocol import Protocol
 from kernelcraft.task import Task, load_task
 from kernelcraft.verdict import Verdict

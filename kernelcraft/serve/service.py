@@ -29,8 +29,8 @@ import time
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from kernelcraft.candidate import Candidate
-from kernelcraft.judge import sandbox as sb
-from kernelcraft.judge.runner import describe_workers
+from kernelcraft.judge.caller import sandbox as sb
+from kernelcraft.judge.caller.runner import describe_workers
 from kernelcraft.protocol import WEAKENING, Protocol
 from kernelcraft.serve.cluster import RayPool
 from kernelcraft.serve.pool import Pool
@@ -270,7 +270,7 @@ def sandbox_hint(desc: dict) -> str:
         how = ("install bubblewrap (apt install bubblewrap, dnf install bubblewrap, or your distribution's "
                "'bubblewrap' package: it provides bwrap)")
     return (f"workers are not sandboxed beyond rlimits: {what}; to get it, {how}, then restart (with --sandbox "
-            "bwrap the service refuses to start without it). See kernelcraft/judge/sandbox.py for what it does and does not protect.")
+            "bwrap the service refuses to start without it). See kernelcraft/judge/caller/sandbox.py for what it does and does not protect.")
 
 
 def serve(*, host: str = "127.0.0.1", port: int = 8000, devices=None, per_device: int | None = None,

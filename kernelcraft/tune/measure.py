@@ -178,7 +178,7 @@ class TritonBackend:
         """The judge's comparison; a large single output in slices along its first dimension (the judge
         compares in float64, which would need several times the output's size at once), each slice
         against its own RMS scale."""
-        from kernelcraft.judge.compare import compare_outputs
+        from kernelcraft.judge.correctness.compare import compare_outputs
 
         import torch
 

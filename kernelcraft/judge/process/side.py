@@ -28,11 +28,13 @@ import torch
 
 from kernelcraft.builder.cache import BuildCache
 from kernelcraft.devices import arch_for
-from kernelcraft.judge import arena, guards, isolation, modelstate, tripwires, weights
-from kernelcraft.judge.compare import has_real_storage, is_plain_tensor
-from kernelcraft.judge.failures import classify
-from kernelcraft.judge.guards import Reject
-from kernelcraft.judge.wire import SideEnd
+from kernelcraft.judge.process import arena, isolation, modelstate
+from kernelcraft.judge.tripwires import guards, calls as tripwires
+from kernelcraft.judge.correctness import weights
+from kernelcraft.judge.correctness.compare import has_real_storage, is_plain_tensor
+from kernelcraft.judge.process.failures import classify
+from kernelcraft.judge.reject import Reject
+from kernelcraft.judge.process.wire import SideEnd
 
 LARGE_OUTPUT_BYTES = 1 << 30  # a "large" output (worker docstring): one per side at a time, read in place
 LARGE_OUTPUT_VAR = "KERNELCRAFT_JUDGE_LARGE_BYTES"  # overrides it (the GPU tests force the large-output paths with 0)
@@ -137,7 +139,7 @@ class Side:
         torch.manual_seed(msg["seed"])
         model = self.cls(*init)
         self.model = model.to(self.device) if isinstance(model, torch.nn.Module) else model
-        mode = weights.apply_mode(self, msg)  # the protocol's module mode (judge/weights.py)
+        mode = weights.apply_mode(self, msg)  # the protocol's module mode (judge/correctness/weights.py)
         if self.role == "reference":
             self._initial = modelstate.Snapshot(self.model, self.device)  # after the mode: `reset` restores it too
         # what `restore` puts back (stateful tasks' timed rounds); restoring clones, so the reference shares its copy
@@ -326,7 +328,7 @@ class Side:
         self.peers = self.peers | frozenset(int(p) for p in msg.get("pids", []))
         return {"type": "ok"}
 
-    # weights as inputs (judge/weights.py): list, dump and load the model's state_dict through the judge's arenas
+    # weights as inputs (judge/correctness/weights.py): list, dump and load the model's state_dict through the judge's arenas
     def cmd_state(self, msg: dict, fds) -> dict:
         return weights.state(self, msg, fds)
 
@@ -347,7 +349,7 @@ class Side:
         if msg.get("release"):
             self.truth = None
             return {"type": "ok"}
-        from kernelcraft.judge import fp64  # the reference's side only: never loaded with candidate code
+        from kernelcraft.judge.correctness import fp64  # the reference's side only: never loaded with candidate code
 
         envelope = (self.device.type == "cuda" and bool(torch.backends.cudnn.allow_tf32)  # PyTorch's default: on
                     and msg.get("envelope", True))  # the judge asks until it has one (`precision.Rule.truth`)

@@ -35,11 +35,11 @@ import random
 
 import torch
 
-from kernelcraft.judge import isolation
-from kernelcraft.judge.acceptance import Acceptance
-from kernelcraft.judge.guards import Reject
-from kernelcraft.judge.procs import descendants
-from kernelcraft.judge.sideproc import RUN, SideProc, end_candidate
+from kernelcraft.judge.process import isolation
+from kernelcraft.judge.correctness.acceptance import Acceptance
+from kernelcraft.judge.reject import Reject
+from kernelcraft.judge.process.procs import descendants
+from kernelcraft.judge.process.sideproc import RUN, SideProc, end_candidate
 
 
 def start(ev, k: int, accepted: Acceptance) -> list[SideProc]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelcraft.judge import tripwires
+from kernelcraft.judge.tripwires import calls as tripwires
 
 
 SCALARS = (bool, int, float, str)

@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from kernelcraft.judge.procs import kill_tagged
+from kernelcraft.judge.process.procs import kill_tagged
 
 ENV_SWITCH = "KERNELCRAFT_WARM"
 MAX_IDLE = 4

@@ -13,7 +13,7 @@ import traceback
 import torch
 
 from kernelcraft.builder.cache import BuildCache
-from kernelcraft.judge.guards import Reject
+from kernelcraft.judge.reject import Reject
 
 _MAX_MSG = 4000
 

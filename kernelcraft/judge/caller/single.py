@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from kernelcraft.judge.guards import Reject
-from kernelcraft.judge.side import import_file
+from kernelcraft.judge.reject import Reject
+from kernelcraft.judge.process.side import import_file
 
 BUILD_NICE = 10  # added niceness of a prebuild (nvcc and its children inherit it)
 

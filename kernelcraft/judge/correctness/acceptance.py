@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelcraft.judge.compare import Comparison, Relative, as_tensor_list, compare_outputs
+from kernelcraft.judge.correctness.compare import Comparison, Relative, as_tensor_list, compare_outputs
 
 MARGIN = 4.0  # x the worst distance the trials accepted (module docstring)
 FULL = 1 << 16  # outputs of at most this many elements are captured and checked whole in timed rounds

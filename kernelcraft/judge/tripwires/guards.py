@@ -27,16 +27,10 @@ import types
 import torch
 import torch.nn.functional as F
 
-from kernelcraft.judge import compare, timing
-from kernelcraft.judge.procs import WORKER_TAG_VAR, descendants, tagged_processes
-
-
-class Reject(Exception):
-    """A verdict reached inside the worker: (status, reasons, message)."""
-
-    def __init__(self, status: str, reasons: list[str], message: str):
-        super().__init__(message)
-        self.status, self.reasons, self.message = status, reasons, message
+from kernelcraft.judge.correctness import compare
+from kernelcraft.judge.speed import timing
+from kernelcraft.judge.process.procs import WORKER_TAG_VAR, descendants, tagged_processes
+from kernelcraft.judge.reject import Reject  # noqa: F401  (raised here; `guards.Reject` for older callers)
 
 
 def _precision_flags() -> dict:
@@ -110,7 +104,7 @@ def _surface() -> dict[str, object]:
     for prefix, ns in (("torch.", torch), ("F.", F), ("_C._nn.", torch._C._nn),
                        ("_C._VariableFunctions.", torch._C._VariableFunctions), ("torch.linalg.", torch.linalg),
                        ("torch.fft.", torch.fft), ("torch.special.", torch.special),
-                       ("kernelcraft.judge.timing.", timing), ("kernelcraft.judge.compare.", compare)):
+                       ("kernelcraft.judge.speed.timing.", timing), ("kernelcraft.judge.correctness.compare.", compare)):
         ids.update({prefix + k: v for k, v in _callables(ns).items()})
     for prefix, cls in SURFACE_CLASSES:
         ids.update({prefix + k: v for k, v in _class_attrs(cls).items()})
@@ -163,14 +157,18 @@ def _same_function(now, orig) -> bool:
 # candidate in the worker, and json (the result channel's serialiser). Names, not imports: a module not
 # loaded in a given worker is skipped, so tests/test_architecture.py imports every name here — a stale
 # name after a move would otherwise silently shrink what this guard watches.
-HARNESS_MODULES = ("kernelcraft.judge.timing", "kernelcraft.judge.compare", "kernelcraft.judge.guards",
-                   "kernelcraft.judge.tripwires", "kernelcraft.judge.kerneltrace", "kernelcraft.judge.procs",
-                   "kernelcraft.builder.cache", "kernelcraft.judge.worker", "kernelcraft.judge.side",
-                   "kernelcraft.judge.wire", "kernelcraft.judge.arena", "kernelcraft.judge.isolation",
-                   "kernelcraft.judge.sideproc", "kernelcraft.judge.weights", "kernelcraft.judge.precision",
-                   "kernelcraft.judge.partial", "kernelcraft.judge.jobs", "kernelcraft.judge.forker",
-                   "kernelcraft.judge.siblings", "kernelcraft.judge.rounds",
-                   "__main__", "json", "json.encoder")
+HARNESS_MODULES = ("kernelcraft.judge.speed.timing", "kernelcraft.judge.correctness.compare",
+                   "kernelcraft.judge.tripwires.guards", "kernelcraft.judge.tripwires.calls",
+                   "kernelcraft.judge.tripwires.kerneltrace", "kernelcraft.judge.process.procs",
+                   "kernelcraft.judge.process.worker", "kernelcraft.judge.process.side",
+                   "kernelcraft.judge.process.wire", "kernelcraft.judge.process.arena",
+                   "kernelcraft.judge.process.isolation", "kernelcraft.judge.process.sideproc",
+                   "kernelcraft.judge.correctness.weights", "kernelcraft.judge.correctness.precision",
+                   "kernelcraft.judge.correctness.partial", "kernelcraft.judge.correctness.acceptance",
+                   "kernelcraft.judge.correctness.trials", "kernelcraft.judge.process.jobs",
+                   "kernelcraft.judge.process.forker", "kernelcraft.judge.speed.siblings",
+                   "kernelcraft.judge.speed.rounds", "kernelcraft.judge.speed.treecpu", "kernelcraft.judge.reject",
+                   "kernelcraft.builder.cache", "__main__", "json", "json.encoder")
 
 
 def _harness_surface(ref_mod) -> dict[str, object]:
@@ -189,7 +187,7 @@ def _harness_surface(ref_mod) -> dict[str, object]:
             if isinstance(v, type) and getattr(v, "__module__", None) == mod.__name__:
                 for ck, cv in _class_attrs(v).items():
                     out[f"{name}.{k}.{ck}"] = cv
-    tracer = getattr(sys.modules.get("kernelcraft.judge.kerneltrace"), "_TRACER", None)
+    tracer = getattr(sys.modules.get("kernelcraft.judge.tripwires.kerneltrace"), "_TRACER", None)
     if tracer is not None:  # strict mode's kernel tracer: its state too (a patched instance method, say)
         out.update({f"kerneltrace.tracer.{k}": v for k, v in vars(tracer).items() if k not in ("_names", "_buffers")})
     import torch.utils.cpp_extension as cpp_ext
@@ -247,7 +245,7 @@ class ProcessState:
             now_h = _harness_surface(self.ref_mod)
             changed = sorted(k for k in set(self.harness) | set(now_h) if now_h.get(k) is not self.harness.get(k))
             if changed:
-                code = "timer_tampering" if any(k.startswith("kernelcraft.judge.timing.") for k in changed) \
+                code = "timer_tampering" if any(k.startswith("kernelcraft.judge.speed.timing.") for k in changed) \
                     else "global_state_tampering"
                 raise Reject("rejected", [code], "the candidate patched the harness or the reference: "
                              + ", ".join(changed[:5]))

@@ -20,10 +20,10 @@ from __future__ import annotations
 import fcntl
 from pathlib import Path
 
-from kernelcraft.judge import reproduce, siblings, timing, treecpu
-from kernelcraft.judge.acceptance import Acceptance, Sample
-from kernelcraft.judge.guards import Reject
-from kernelcraft.judge.sideproc import NULL, RUN, SideProc
+from kernelcraft.judge.speed import reproduce, siblings, timing, treecpu
+from kernelcraft.judge.correctness.acceptance import Acceptance, Sample
+from kernelcraft.judge.reject import Reject
+from kernelcraft.judge.process.sideproc import NULL, RUN, SideProc
 
 AUDIT_SHARE = 0.2  # share of timing rounds followed by an audit (at random: the candidate cannot tell which)
 

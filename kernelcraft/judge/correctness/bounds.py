@@ -15,7 +15,7 @@ from fractions import Fraction
 
 import torch
 
-from kernelcraft.judge.arena import TensorSpec
+from kernelcraft.judge.process.arena import TensorSpec
 from kernelcraft.verdict import UNVERIFIABLE  # noqa: F401  (`precision` and the tests read it here)
 
 FLOOR_ULPS = 256  # 2^-16 of the output scale in fp32: fast-math transcendentals (~2^-18) pass, fp16/TF32 (2^-11) do not

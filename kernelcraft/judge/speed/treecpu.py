@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 
-from kernelcraft.judge.procs import descendants
+from kernelcraft.judge.process.procs import descendants
 
 _TICK_NS = 1e9 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 ALLOWANCE = 0.1  # the candidate's untimed windows may use this share more CPU than the reference's (noise) ...

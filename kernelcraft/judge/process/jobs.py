@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelcraft.judge import failures, isolation
-from kernelcraft.judge.arena import Arena, total_bytes
-from kernelcraft.judge.forker import Forker
-from kernelcraft.judge.guards import Reject
-from kernelcraft.judge.sideproc import SideProc, end_candidate
-from kernelcraft.judge.single import Single
+from kernelcraft.judge.process import failures, isolation
+from kernelcraft.judge.process.arena import Arena, total_bytes
+from kernelcraft.judge.process.forker import Forker
+from kernelcraft.judge.reject import Reject
+from kernelcraft.judge.process.sideproc import SideProc, end_candidate
+from kernelcraft.judge.caller.single import Single
 
 
 class Channel:

@@ -52,7 +52,7 @@ from typing import Callable
 
 import torch
 
-from kernelcraft.judge.reproduce import RESOLUTION_FLOOR, Z95 as _Z, between_run_sd
+from kernelcraft.judge.speed.reproduce import RESOLUTION_FLOOR, Z95 as _Z, between_run_sd
 
 _perf_ns = time.perf_counter_ns
 _cuda_sync = torch.cuda.synchronize

@@ -48,8 +48,8 @@ import threading
 import time
 from pathlib import Path
 
-from kernelcraft.judge import sandbox
-from kernelcraft.judge.procs import children
+from kernelcraft.judge.caller import sandbox
+from kernelcraft.judge.process.procs import children
 
 ENV_SWITCH = "KERNELCRAFT_ZYGOTE"
 # read by the child (or lazily, after the fork), never at import: they may differ between forks of one zygote
@@ -87,7 +87,7 @@ def serve(ctl_fd: int) -> None:
         os.environ[NVML_CHECK] = "1"
         import torch
 
-        from kernelcraft.judge import worker  # noqa: F401  (binds clocks, imports torch and the harness)
+        from kernelcraft.judge.process import worker  # noqa: F401  (binds clocks, imports torch and the harness)
         why = _fork_unusable(torch)
     except BaseException as e:  # noqa: BLE001
         why = f"import failed: {type(e).__name__}: {e}"
@@ -147,7 +147,7 @@ def _import_extras(torch) -> str | None:
         import triton  # noqa: F401  (Triton candidates import it; 0.2-0.5 s each otherwise)
     except Exception:  # noqa: BLE001
         pass
-    try:  # the reference's float64 run (judge/fp64.py) uses a dispatch mode, whose first use imports dynamo:
+    try:  # the reference's float64 run (judge/correctness/fp64.py) uses a dispatch mode, whose first use imports dynamo:
         import torch._dynamo  # noqa: F401  (~1.4 s per fresh reference otherwise; torch.compile candidates too)
     except Exception:  # noqa: BLE001
         pass
@@ -234,9 +234,9 @@ def _child(req: dict, fds: list[int], ctl, reply, live) -> None:
             value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(r, (value, value))
         _subreaper(b"kc-worker")
-        from kernelcraft.judge import worker
+        from kernelcraft.judge.process import worker
 
-        sys.modules["__main__"] = worker  # as in a spawned worker (`python -m kernelcraft.judge.worker`)
+        sys.modules["__main__"] = worker  # as in a spawned worker (`python -m kernelcraft.judge.process.worker`)
         worker.main(chan_fd=chan)  # ends with os._exit
         code = 0
     except SystemExit as e:
@@ -347,7 +347,7 @@ class Zygote:
         self.ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kernelcraft.judge.zygote", str(theirs.fileno())], env=env,
+                [sys.executable, "-m", "kernelcraft.judge.caller.zygote", str(theirs.fileno())], env=env,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
                 start_new_session=True, cwd=str(log_path.parent))
         theirs.close()

@@ -23,8 +23,8 @@ import os
 import socket
 import time
 
-from kernelcraft.judge import isolation, side as side_mod
-from kernelcraft.judge.procs import WORKER_TAG_VAR
+from kernelcraft.judge.process import isolation, side as side_mod
+from kernelcraft.judge.process.procs import WORKER_TAG_VAR
 
 MAX_REQUEST = 1 << 16
 REPARENT_WAIT_S = 5.0

@@ -80,13 +80,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernelcraft.judge.acceptance import MARGIN, SCALE_FLOOR, Acceptance, Bound
-from kernelcraft.judge.arena import Arena, TensorSpec
-from kernelcraft.judge.compare import (Comparison, as_tensor_list, chunks, compare_outputs, default_tolerance,
+from kernelcraft.judge.correctness.acceptance import MARGIN, SCALE_FLOOR, Acceptance, Bound
+from kernelcraft.judge.process.arena import Arena, TensorSpec
+from kernelcraft.judge.correctness.compare import (Comparison, as_tensor_list, chunks, compare_outputs, default_tolerance,
                                        is_oom, with_retries)
-from kernelcraft.judge.bounds import (CAP, ENVELOPE_EXPLAINS, FLOOR_ULPS, MAX_FACTOR, MEANINGFUL,  # noqa: F401
+from kernelcraft.judge.correctness.bounds import (CAP, ENVELOPE_EXPLAINS, FLOOR_ULPS, MAX_FACTOR, MEANINGFUL,  # noqa: F401
                                       SEPARATION, SMALL_N, TOWARDS_BF16_TEXT, UNVERIFIABLE, Output, unit_roundoff)
-from kernelcraft.judge.fp64 import picked
+from kernelcraft.judge.correctness.fp64 import picked
 
 TF32_FIXED = 4 * 2.0 ** -10  # the fixed bound (atol and rtol) of a TF32 reference judged without truth: 4 TF32 ulps
 TRUTH_TRIALS = 2  # fresh trials that always get the float64 truth (module docstring) ...

@@ -20,12 +20,13 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_map
 
-from kernelcraft.judge import partial, precision, tripwires
-from kernelcraft.judge.acceptance import Acceptance
-from kernelcraft.judge.arena import total_bytes
-from kernelcraft.judge.compare import any_finite, compare_outputs, is_oom
-from kernelcraft.judge.guards import Reject
-from kernelcraft.judge.sideproc import RUN
+from kernelcraft.judge.correctness import partial, precision
+from kernelcraft.judge.tripwires import calls as tripwires
+from kernelcraft.judge.correctness.acceptance import Acceptance
+from kernelcraft.judge.process.arena import total_bytes
+from kernelcraft.judge.correctness.compare import any_finite, compare_outputs, is_oom
+from kernelcraft.judge.reject import Reject
+from kernelcraft.judge.process.sideproc import RUN
 
 STALE_KEEP_BYTES = 1 << 30  # the previous trial's candidate output is kept up to this size (worker's docstring)
 

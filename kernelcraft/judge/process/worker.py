@@ -2,7 +2,7 @@
 
 Design decisions
 - Three roles, three processes. This one (started by the runner: forked by the `zygote` or spawned as
-  `python -m kernelcraft.judge.worker`) is the judge. Before it reads a job or touches CUDA it forks the
+  `python -m kernelcraft.judge.process.worker`) is the judge. Before it reads a job or touches CUDA it forks the
   *reference* side and a CUDA-free `forker`, which makes every job's *candidate* side (`side.serve`); each
   side runs in its own session and process group, with stdin (the job), the result channel and the other
   side's wire closed (descriptors the zygote's imports opened, NVML's and CUDA's, stay: their libraries
@@ -50,21 +50,24 @@ import sys
 
 faulthandler.enable()
 
-from kernelcraft.judge import timing  # noqa: E402,F401  (binds clocks before anything else)
+from kernelcraft.judge.speed import timing  # noqa: E402,F401  (binds clocks before anything else)
 
 import random  # noqa: E402
 import secrets  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernelcraft.judge import failures, isolation, rounds, side as side_mod, trials, tripwires, weights  # noqa: E402,E501
-from kernelcraft.judge.arena import Arena, TensorSpec, total_bytes  # noqa: E402
-from kernelcraft.judge.compare import is_oom  # noqa: E402
-from kernelcraft.judge.guards import Reject  # noqa: E402
-from kernelcraft.judge import jobs  # noqa: E402
-from kernelcraft.judge.jobs import Channel, Warm  # noqa: E402,F401  (Channel: the result channel's class)
-from kernelcraft.judge.procs import CHANNEL_FD_VAR  # noqa: E402
-from kernelcraft.judge.sideproc import RUN, SideProc  # noqa: E402
+from kernelcraft.judge.process import failures, isolation, side as side_mod  # noqa: E402,E501
+from kernelcraft.judge.speed import rounds
+from kernelcraft.judge.correctness import trials, weights
+from kernelcraft.judge.tripwires import calls as tripwires
+from kernelcraft.judge.process.arena import Arena, TensorSpec, total_bytes  # noqa: E402
+from kernelcraft.judge.correctness.compare import is_oom  # noqa: E402
+from kernelcraft.judge.reject import Reject  # noqa: E402
+from kernelcraft.judge.process import jobs  # noqa: E402
+from kernelcraft.judge.process.jobs import Channel, Warm  # noqa: E402,F401  (Channel: the result channel's class)
+from kernelcraft.judge.process.procs import CHANNEL_FD_VAR  # noqa: E402
+from kernelcraft.judge.process.sideproc import RUN, SideProc  # noqa: E402
 
 HOST_SHARE = 1 / 3  # inputs + outputs above this share of the GPU: the judge's copies in host memory (`_place_copies`)
 HOST_SHARE_VAR = "KERNELCRAFT_JUDGE_HOST_SHARE"  # overrides it (tests force host copies on small tasks with 0)
@@ -142,11 +145,11 @@ class Evaluation:
             known["forker"] = self.forker_pid  # the judge's other child: not an orphan the candidate left
         self.audit = isolation.Audit(os.getpid(), known)
         self.enter("check")
-        accepted = trials.run_trials(self)  # the correctness trials, and the rule they hand on (judge/acceptance.py)
+        accepted = trials.run_trials(self)  # the correctness trials, and the rule they hand on (judge/correctness/acceptance.py)
         self._audit()
         if p["timing"]:
             self.enter("time")
-            rounds.time_candidate(self, accepted)  # the timed rounds (judge/rounds.py)
+            rounds.time_candidate(self, accepted)  # the timed rounds (judge/speed/rounds.py)
         self.enter("check")
         if not job.get("remeasure"):  # a re-measure keeps the first run's weights verdict (`evaluate.remeasure_protocol`)
             weights.check(self, accepted)  # the same new weights into both models, one more trial; after
@@ -363,7 +366,7 @@ def _contiguous(shape) -> tuple[int, ...]:
 
 
 def main(chan_fd: int | None = None) -> None:
-    """The judge process's entry (forked by the zygote, or `python -m kernelcraft.judge.worker`): see `jobs.serve`."""
+    """The judge process's entry (forked by the zygote, or `python -m kernelcraft.judge.process.worker`): see `jobs.serve`."""
     jobs.serve(chan_fd if chan_fd is not None else int(os.environ[CHANNEL_FD_VAR]), Evaluation)
 
 

@@ -3,7 +3,7 @@
 Design decisions
 - A worker is forked by the `zygote` (torch already imported: ~5 s of CPU less per evaluation) or, where
   that is off or impossible (bwrap sandbox, `KERNELCRAFT_ZYGOTE=0`), spawned as `python -m
-  kernelcraft.judge.worker` with `start_new_session=True`. Either way it leads its own process group, so a
+  kernelcraft.judge.process.worker` with `start_new_session=True`. Either way it leads its own process group, so a
   timeout or cleanup kills everything the candidate started (`killpg`).
 - Two clocks: `build_timeout_s` covers start-up, the reference import and the candidate import (where
   inline extensions compile); `timeout_s` starts when the candidate is built and covers construction,
@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernelcraft.judge import gpushare, sandbox, warm, zygote
-from kernelcraft.judge.procs import CHANNEL_FD_VAR, WORKER_TAG_VAR, describe_signal, kill_tagged
+from kernelcraft.judge.caller import gpushare, sandbox, warm, zygote
+from kernelcraft.judge.process.procs import CHANNEL_FD_VAR, WORKER_TAG_VAR, describe_signal, kill_tagged
 
 MAX_CHANNEL_BYTES = 16 << 20
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding kernelcraft/
@@ -179,7 +179,7 @@ def _run(job: dict, work_dir: Path, timeout_s: float, build_timeout_s: float, wa
             if proc is not None:
                 out.start = "fork"
             else:
-                argv, env = sandbox.prepare([sys.executable, "-m", "kernelcraft.judge.worker"], env,
+                argv, env = sandbox.prepare([sys.executable, "-m", "kernelcraft.judge.process.worker"], env,
                                             work_dir=work_dir, cache_dir=root)
                 bwrapped = argv[0] == sandbox.bwrap_path()
                 proc = subprocess.Popen(

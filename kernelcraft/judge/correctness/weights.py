@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import torch
 
-from kernelcraft.judge.arena import Arena, TensorSpec, attach
-from kernelcraft.judge.guards import Reject
+from kernelcraft.judge.process.arena import Arena, TensorSpec, attach
+from kernelcraft.judge.reject import Reject
 
 MAX_LISTED = 8  # mismatching keys named in the record
 _SCALE_SIGMA = 0.2  # multiplicative noise: exp(0.2 N(0,1))
@@ -271,7 +271,7 @@ def check(ev, accepted) -> None:
         replies[s.role] = s.request({"cmd": "run"}, phase="check")
         if ev.device.type == "cuda":
             torch.cuda.synchronize()
-    copy = not ev.in_place()  # a large output is read in its arena once the device is idle (judge/worker.py)
+    copy = not ev.in_place()  # a large output is read in its arena once the device is idle (judge/process/worker.py)
     r1 = ev._output("reference", replies["reference"].get("values", []), copy=copy)
     c1 = ev._output("candidate", list(replies["candidate"].get("values", [])), copy=copy)
     ev._check_mutation("the weights trial")

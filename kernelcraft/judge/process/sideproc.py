@@ -22,10 +22,11 @@ import socket
 import time
 from pathlib import Path
 
-from kernelcraft.judge import isolation, side as side_mod, timing
-from kernelcraft.judge.guards import Reject
-from kernelcraft.judge.procs import children, descendants, describe_signal
-from kernelcraft.judge.wire import Closed, JudgeEnd
+from kernelcraft.judge.process import isolation, side as side_mod
+from kernelcraft.judge.speed import timing
+from kernelcraft.judge.reject import Reject
+from kernelcraft.judge.process.procs import children, descendants, describe_signal
+from kernelcraft.judge.process.wire import Closed, JudgeEnd
 from kernelcraft.verdict import REASONS
 
 BAD_STATUSES = ("incorrect", "compile_error", "runtime_error", "timeout", "rejected")

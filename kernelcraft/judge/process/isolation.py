@@ -28,7 +28,7 @@ import platform
 import signal
 import struct
 
-from kernelcraft.judge.procs import children, descendants
+from kernelcraft.judge.process.procs import children, descendants
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4

@@ -51,7 +51,7 @@ import math
 
 import torch
 
-from kernelcraft.judge.compare import DEVICE_CHUNK, as_tensor_list, chunks
+from kernelcraft.judge.correctness.compare import DEVICE_CHUNK, as_tensor_list, chunks
 
 _LOWER = (torch.float32, torch.float16, torch.bfloat16, torch.complex64)
 _CONVOLUTIONS = (torch.ops.aten.convolution, torch.ops.aten._convolution, torch.ops.aten.convolution_overrideable)
