@@ -28,7 +28,7 @@ import torch
 
 from kernelcraft.builder.cache import BuildCache
 from kernelcraft.devices import arch_for
-from kernelcraft.judge import arena, guards, isolation, modelstate, tripwires, weights
+from kernelcraft.judge import arena, guards, heap, isolation, modelstate, tripwires, weights
 from kernelcraft.judge.compare import has_real_storage, is_plain_tensor
 from kernelcraft.judge.failures import classify
 from kernelcraft.judge.guards import Reject
@@ -383,6 +383,7 @@ class Side:
 def serve(role: str, sock, protected: list[int]) -> None:
     """The side's main loop (never returns: the process exits when the judge closes the wire)."""
     hardening = isolation.harden_side(role, protected)
+    hardening["fixed_heap"] = heap.fix()  # both roles' malloc thresholds, before any model exists (judge/heap.py)
     end = SideEnd(sock)
     side = Side(role)
     side.peers = frozenset(protected)
