@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from fixture_header import read_header
 from kernelcraft.evaluate import evaluate
@@ -23,6 +25,7 @@ LEGIT = FIXTURES / "legit"
 FAULTS = FIXTURES / "faults"
 TASKS = FIXTURES / "tasks"
 
+GLIBC = platform.libc_ver()[0] == "glibc"  # the heap settings need glibc's mallopt (judge/process/heap.py)
 FAST = dict(time_budget_s=0.5, trials=3, timeout_s=60.0)
 
 CONTRACT_KEYS = {"task", "candidate_sha256", "device", "status", "reasons", "message", "correctness", "timing",
@@ -82,6 +85,21 @@ def test_legit_candidate_is_correct_with_speedup(path, cache_dir):
     assert v.build_s < 1.0, "a pure-PyTorch candidate builds nothing"
     assert v.wall_s > 0
     assert_contract_record(v.to_json())
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="needs 2 CPU cores: the forward must run on several threads")
+def test_the_reference_as_candidate_reads_one_on_threads(cache_dir):
+    """The CPU null control of a multi-threaded forward: the reference's own conv net as the candidate must read
+    1.0 within its interval, and both sides ran under the same heap settings (judge/process/heap.py). Without them the
+    candidate's fresh process handed its buffers back after every call and faulted them in again in the next,
+    which the reference's process (its thresholds raised by the float64 evaluation) did not: 0.54-0.78x."""
+    v = evaluate(TASKS / "cpu_conv_net_threads.py", LEGIT / "cpu_conv_net_threads_same.py", trials=2,
+                 processes=1, time_budget_s=1.0, remeasure_above=None)
+    assert v.status == "correct", v.message
+    iso = v.env.isolation
+    assert iso["reference"]["fixed_heap"] == iso["candidate"]["fixed_heap"] == GLIBC, iso
+    lo, hi = v.timing.ci95
+    assert lo <= 1.0 <= hi, v.timing
 
 
 def test_inputs_and_init_args_come_from_the_reference(cache_dir):

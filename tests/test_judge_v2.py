@@ -3,9 +3,11 @@ record a verdict carries. (The attacks themselves are fixtures: tests/fixtures/h
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import platform
+import resource
 import signal
 import socket
 import struct
@@ -16,7 +18,7 @@ import pytest
 import torch
 
 from kernelcraft.evaluate import evaluate
-from kernelcraft.judge.process import arena, isolation
+from kernelcraft.judge.process import arena, heap, isolation
 from kernelcraft.judge.process.wire import Closed, JudgeEnd, SideEnd
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -179,6 +181,41 @@ def test_arena_bytes_cross_to_a_forked_side():
     os.waitpid(pid, 0)
     assert torch.equal(a.tensors[0], torch.arange(12, dtype=torch.float32).view(4, 3))
     assert bool((a.tensors[2] == 7).all())
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc thresholds")
+def test_fixed_heap_makes_a_calls_page_faults_independent_of_the_process_history():
+    """A side's heap settings (`heap.fix`): a call that allocates, writes and frees eight 1 MiB buffers faults
+    their pages in during the first calls only, whether or not the process freed larger blocks before (the
+    reference's float64 evaluation does). Without them the same calls cost a fresh process 8 MiB of faults every
+    time and a process with that history none (glibc's thresholds adapt to what it freed before): the
+    reference's own code timed slower as the candidate."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def calls(n: int, size: int = 1 << 20) -> int:  # minor page faults of n calls
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(n):
+            bufs = [libc.malloc(size) for _ in range(8)]
+            for b in bufs:
+                ctypes.memset(b, 1, size)
+            for b in reversed(bufs):
+                libc.free(b)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    def steady(fixed: bool, history: bool) -> int:  # MiB faulted in by 10 calls after two warm-up calls, in a child
+        def child():
+            if fixed and not heap.fix():
+                return 255
+            if history:
+                calls(1, 8 << 20)
+            calls(2)
+            return min(calls(10) // 256, 254)
+        return _in_child(child)
+
+    assert steady(fixed=True, history=False) == steady(fixed=True, history=True) == 0
+    assert steady(fixed=False, history=False) >= 10 * 7 and steady(fixed=False, history=True) == 0
 
 
 def test_wire_refuses_oversized_and_non_object_frames():

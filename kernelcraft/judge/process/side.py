@@ -28,7 +28,7 @@ import torch
 
 from kernelcraft.builder.cache import BuildCache
 from kernelcraft.devices import arch_for
-from kernelcraft.judge.process import arena, isolation, modelstate
+from kernelcraft.judge.process import arena, heap, isolation, modelstate
 from kernelcraft.judge.tripwires import guards, calls as tripwires
 from kernelcraft.judge.correctness import weights
 from kernelcraft.judge.correctness.compare import has_real_storage, is_plain_tensor
@@ -411,6 +411,7 @@ def _is_tensor(o) -> bool:
 def serve(role: str, sock, protected: list[int]) -> None:
     """The side's main loop (never returns: the process exits when the judge closes the wire)."""
     hardening = isolation.harden_side(role, protected)
+    hardening["fixed_heap"] = heap.fix()  # both roles' malloc thresholds, before any model exists (judge/process/heap.py)
     end = SideEnd(sock)
     side = Side(role)
     side.peers = frozenset(protected)
