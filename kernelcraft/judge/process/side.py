@@ -66,7 +66,8 @@ class Side:
         self.inputs: list = []
         self.values: list = []
         self.outs: list = []
-        self._last_out = None  # the last forward's output: what `null` delivers again
+        self._last_out = None  # the last forward's output (the audit's snapshot check reads it)
+        self._null_outs: list | None = None  # the side's own buffers the null copies the output arena into
         self.out_kind = "tensor"
         self.large = False  # outputs above large_bytes() (set with the output arena, `cmd_outputs`)
         self.build: BuildCache | None = None
@@ -192,9 +193,10 @@ class Side:
 
     def cmd_outputs(self, msg: dict, fds) -> dict:
         self.outs = arena.attach(msg["arena"], fds)
-        self._null_outs = None
         self.out_kind = msg["kind"]
         self.large = sum(b.numel() * b.element_size() for b in self.outs if b is not None) > large_bytes()
+        # what the null copies into: allocated here, so no null pays for an allocation the others do not
+        self._null_outs = None if self.large else [None if b is None else torch.empty_like(b) for b in self.outs]
         return {"type": "ok"}
 
     def _args(self) -> list:
@@ -363,15 +365,13 @@ class Side:
         made. It moves as many bytes as a call's output copy (the arena read into a buffer of this side's own,
         the arena itself left as it is) and syncs the device, so output size and the switch to this process's
         CUDA context are in the overhead as they are in every real call."""
-        if self.large or not any(b is not None for b in self.outs):
+        if self.large or self._null_outs is None or not any(b is not None for b in self.outs):
             if self.device.type == "cuda":
                 if getattr(self, "_null_buf", None) is None:
                     self._null_buf = torch.zeros(1, device=self.device)
                 self._null_buf.add_(1)
                 torch.cuda.synchronize()
             return {"type": "done", "values": []}
-        if getattr(self, "_null_outs", None) is None:
-            self._null_outs = [None if b is None else torch.empty_like(b) for b in self.outs]
         for dst, buf in zip(self._null_outs, self.outs):
             if buf is not None:
                 dst.copy_(buf)

@@ -117,6 +117,8 @@ def time_candidate(ev, accepted: Acceptance) -> None:
             sibs = siblings.start(ev, k, accepted)
             procs += sibs
             siblings.check_stopped(procs)
+        for side in [ev.ref, *procs]:  # one empty request each before the ledger opens: a process's first one
+            side.request(NULL, phase="time")  # pays one-off costs (lazy CUDA state) that no later one does
         run = timing.measure(
             time_ref, time_cand, time_null, next_round, check_round,
             cuda=ev.device.type == "cuda", budget_s=p["time_budget_s"], target=p["target_ci"],
