@@ -316,6 +316,8 @@ def test_a_file_that_cannot_be_read_is_named(tmp_path):
     assert f"{binary} is not UTF-8 text" in err, err
     err = one_line_usage_error(invoke("eval", task, str(tmp_path), "--device", "cpu"))
     assert "is a directory" in err, err
+    err = one_line_usage_error(invoke("train", "data", str(binary)))
+    assert f"config {binary} is not UTF-8 text" in err and "YAML" in err, err
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU host can tune")

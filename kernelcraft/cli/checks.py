@@ -66,9 +66,10 @@ def did_you_mean(given: str, names: list[str], n: int = 3, cutoff: float = 0.6) 
 
 # ---- files ---------------------------------------------------------------------------------------------------
 
-def _unreadable(what: str, path, e: Exception) -> str:
+def unreadable(what: str, path, e: Exception, expected: str = "Python source") -> str:
+    """Why the file `path` (a `what`, which should hold `expected`) could not be read, in words that name it."""
     if isinstance(e, UnicodeDecodeError):
-        return f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start}): is it a Python file?"
+        return f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start}): is it {expected}?"
     if isinstance(e, IsADirectoryError):
         return f"{what} {path} is a directory, not a file"
     return f"cannot read the {what} {path}: {getattr(e, 'strerror', None) or e}"
@@ -84,7 +85,7 @@ def load_task(spec: str):
         hint = "" if str(spec).endswith(".py") else did_you_mean(str(spec), builtin_task_names())
         usage_error(str(e) + hint)
     except (UnicodeDecodeError, OSError) as e:
-        usage_error(_unreadable("task file", spec, e))
+        usage_error(unreadable("task file", spec, e))
 
 
 def readable_file(path: Path, what: str) -> None:
@@ -94,7 +95,7 @@ def readable_file(path: Path, what: str) -> None:
     try:
         path.read_text(encoding="utf-8")
     except (UnicodeDecodeError, OSError) as e:
-        usage_error(_unreadable(what, path, e))
+        usage_error(unreadable(what, path, e))
 
 
 # ---- devices, policies, numbers ------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ def _load(config: Path, out_dir: Optional[Path]):
         return load_config(config, out=str(out_dir.resolve()) if out_dir else None)
     except ConfigError as e:
         usage_error(str(e))
+    except UnicodeDecodeError as e:
+        usage_error(checks.unreadable("config", config, e, expected="a YAML config"))
 
 
 def _run(fn, *args, out_dir: Path, **kw):
