@@ -67,8 +67,8 @@ class Protocol(BaseModel):
     module_mode: Literal["train", "eval"] = Field("train", description="the models' module mode for checking and "
                                                   "timing, set by model.train()/eval() after construction "
                                                   "(KernelBench's default: train)")
-    time_budget_s: float | None = Field(None, ge=0, le=600, description="seconds of paired timing before "
-                                        "giving up on the CI target (default 1 cpu / 2 gpu)")
+    time_budget_s: float | None = Field(None, gt=0, le=600, description="seconds of paired timing before "
+                                        "giving up on the CI target (more than 0; default 1 cpu / 2 gpu)")
     target_ci: float = Field(0.01, ge=0, le=1, description="stop timing once the speedup's 95% CI half-width "
                              "is below this fraction (or below half the between-run part, judge/speed/timing.py; 0: "
                              "time for the whole budget)")

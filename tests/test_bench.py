@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -778,6 +779,70 @@ def test_baselines_only_report_says_so():
     assert "not_evaluated" not in table and "1.20x" in table and "runtime_error" in table
     scored = render(_summary(False))
     assert "candidates: <b>optimize</b> (policy recipes, budget 8" in scored
+
+
+TIME_USE = {"evaluations": 30, "tasks": 14, "device_s": 95.0, "device_s_per_task": 6.8, "median_device_s": 2.9,
+            "off_device_s": 310.0, "wait_s": 4.0, "phases_s": {"spawn": 250.0, "time": 80.0},
+            "by_kind": {}, "by_level": {}}
+
+
+def test_bench_report_header_after_a_resume_shows_the_directorys_time():
+    """A resume of a finished bench takes a fraction of a second: the header said "0 s" for a bench of minutes.
+    It shows every invocation's evaluations (`timeuse`), and this invocation's wall time as such."""
+    from kernelcraft.bench.report import render
+
+    def header(**kw):
+        html = render({**_summary(False), "time_use": TIME_USE, **kw})
+        return html[html.index("id='header'"):html.index("</div>", html.index("id='header'"))]
+
+    resumed = header(resumed=14, wall_s=0.03)
+    assert "30 evaluations took 7 min (95 s of it on the device) over every invocation" in resumed, resumed
+    assert "this invocation 0.0 s (resumed 14 item(s) already judged)" in resumed, resumed
+    assert not re.search(r"· 0 s$", resumed)
+    fresh = header(resumed=0, wall_s=420.0)
+    assert "30 evaluations took 7 min" in fresh and "7 min wall" in fresh and "this invocation" not in fresh, fresh
+
+
+def _cells(html: str, table_id: str) -> list[list[tuple[str, str]]]:
+    """A table's rows as (tag + class, text) cells."""
+    body = html[html.index(f"<table id='{table_id}'>"):html.index("</table>", html.index(f"<table id='{table_id}'>"))]
+    rows = []
+    for tr in re.findall(r"<tr>(.*?)</tr>", body):
+        rows.append([(f"{tag}{' num' if 'num' in (cls or '') else ''}", re.sub(r"<[^>]+>", "", text))
+                     for tag, cls, text in re.findall(r"<(th|td)(?: class='([^']*)')?[^>]*>(.*?)</\1>", tr)])
+    return rows
+
+
+def test_bench_report_tables_align_numbers_and_their_headers():
+    from kernelcraft.bench.report import render
+
+    s = _summary(False)
+    s["baselines"]["summary"] = {"eager": {"tasks": 14, "note": "the reference itself: 1.0x by definition"},
+                                 "inductor": {"tasks": 14, "correct": 11, "geomean_speedup_correct": 1.2,
+                                              "median_speedup_correct": 1.1, "fast_p": {"1": 0.6, "2": 0.1}}}
+    html = render({**s, "time_use": {**TIME_USE, "by_kind": {"candidate": TIME_USE}}})
+    number = re.compile(r"^[\d.,%x—–\[\] ()+?]+$")
+    for table_id in ("baselines", "fastp", "items", "time"):
+        rows = _cells(html, table_id)
+        head, body = rows[0], [r for r in rows[1:] if len(r) == len(rows[0])]
+        assert body, table_id
+        for col, (tag, text) in enumerate(head):
+            texts = [r[col][1].strip() for r in body if r[col][1].strip()]
+            numeric = bool(texts) and all(number.match(t) for t in texts)
+            if numeric:  # a column of numbers: every cell and its header right-aligned
+                assert tag == "th num", (table_id, text)
+                assert all(r[col][0] == "td num" for r in body), (table_id, text, [r[col] for r in body])
+    assert "th.num{text-align:right}" in html
+
+
+def test_a_long_message_is_cut_after_a_whole_word_and_says_so():
+    from kernelcraft.bench.metrics import first_line
+
+    msg = "optimize found 3 correct candidate(s) but none verified faster than the reference " * 4 + "END"
+    short = first_line(msg, limit=120)
+    assert len(short) <= 120 and short.endswith("…") and msg.startswith(short[:-1])
+    assert short[:-1].split()[-1] in msg.split()  # a whole word before the mark, never "no bes"
+    assert first_line("whole line\nsecond") == "whole line"
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed")

@@ -2,7 +2,10 @@
 not wrapped into files but fits a terminal, `--json` is one clean line either way, the version is one line,
 `tasks --check` exits non-zero when it flags a task, long steps say what is happening (a GPU-sized task on a CPU,
 a resume's progress, an unreachable LLM endpoint), Ctrl-C is acknowledged at once and exits 130 keeping what
-finished, `--budget 8` stopping at 5 says why, and an option of another command names that command."""
+finished, `--budget 8` stopping at 5 says why, and an option of another command names that command. Every usage
+error, click's parse errors included, is one `error:` line with exit 2 and leaves no directory behind; values that
+make no sense are refused before anything runs; an unknown task name suggests the closest; a bench's lines and
+tables are whole through a pipe and fit a terminal, and its page after a resume tells the directory's time."""
 from __future__ import annotations
 
 import ast
@@ -171,6 +174,7 @@ def test_an_unreachable_llm_endpoint_is_reported_at_once_with_its_url(tmp_path):
     assert f"{url}/chat/completions" in r.stderr and "cannot reach" in r.stderr, r.stderr
     assert took < 20, took  # before the null control ran (the old path retried for ~20 s)
     assert "null control" not in r.stderr
+    assert not (tmp_path / "run").exists()  # nothing was evaluated: no run directory is left behind
 
 
 OPT = ["optimize", "tiny/level1/diag_matmul", "--device", "cpu", "--trials", "2", "--no-null-control",
@@ -228,3 +232,210 @@ def test_a_run_that_stops_early_says_why(tmp_path, cache_dir):
     assert "rewrite:diag_matmul" in r.stdout
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["stopped"] == "exhausted" and "every valid combination" in s["stopped_detail"]
+
+
+# ---- usage errors: one shape, whoever finds them ---------------------------------------------------------------
+
+def one_line_usage_error(r) -> str:
+    """A CliRunner result or a finished process: exit 2, one `error: ...` line on stderr, nothing on stdout."""
+    code = r.exit_code if hasattr(r, "exit_code") else r.returncode
+    err = r.stderr.strip()
+    assert code == 2, (code, r.stdout, err)
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert "Traceback" not in err and "╭" not in err and not r.stdout.strip(), (err, r.stdout)
+    return err
+
+
+def invoke(*args: str):
+    from typer.testing import CliRunner
+
+    from kernelcraft.cli import app
+
+    return CliRunner().invoke(app, list(args), prog_name="kernelcraft")
+
+
+def test_click_parse_errors_are_one_line_usage_errors():
+    err = one_line_usage_error(kc("eval", "x.py", "y.py", "--bogus"))  # through the entry point
+    assert "No such option: --bogus" in err and "see `kernelcraft eval --help`" in err
+    for args, needle, where in [
+        (["eval"], "Missing argument 'task'", "kernelcraft eval --help"),
+        (["eval", "x.py", "y.py", "--trials", "three"], "'--trials'", "kernelcraft eval --help"),
+        (["tasks", "--level", "9"], "'--level'", "kernelcraft tasks --help"),
+        (["nosuchcommand"], "No such command 'nosuchcommand'", "kernelcraft --help"),
+        (["train", "data"], "Missing argument 'config'", "kernelcraft train data --help"),
+        (["optimize", "tiny/level1/relu", "--budget", "0"], "'--budget'", "kernelcraft optimize --help"),
+    ]:
+        err = one_line_usage_error(invoke(*args))
+        assert needle in err and where in err, (args, err)
+
+
+def test_values_that_make_no_sense_are_refused_before_anything_runs(tmp_path):
+    task, cand = str(FIXTURES / "tasks" / "tiny_elementwise.py"), str(FIXTURES / "legit" / "torch_elementwise.py")
+    opt = ["optimize", "tiny/level1/diag_matmul", "--device", "cpu", "--out", str(tmp_path / "o")]
+    bench = ["bench", "tiny/level1", "--device", "cpu", "--out", str(tmp_path / "b")]
+    for args, flag in [
+        (["eval", task, cand, "--device", "cpu", "--time-budget", "0"], "--time-budget"),
+        (["eval", task, cand, "--device", "cpu", "--time-budget", "-1"], "--time-budget"),
+        (["eval", task, cand, "--device", "cpu", "--trials", "0"], "--trials"),
+        (opt + ["--time-limit", "0"], "--time-limit"),
+        (opt + ["--tau", "0"], "--tau"),
+        (opt + ["--min-speedup", "-1"], "--min-speedup"),
+        (opt + ["--backend", "fortran"], "--backend"),
+        (opt + ["--max-tokens", "0"], "--max-tokens"),
+        (bench + ["--budget", "0"], "--budget"),
+        (bench + ["--time-limit", "0"], "--time-limit"),
+        (bench + ["--time-budget", "0"], "--time-budget"),
+        (["tune", "tiny/level1/softmax", "--budget-share", "0", "--out", str(tmp_path / "t")], "--budget-share"),
+        (["serve", "--max-body-mb", "0"], "--max-body-mb"),
+        (["serve", "--log-level", "loud"], "--log-level"),
+        (["train", "learn", "--trials", "0", "--out", str(tmp_path / "l")], "--trials"),
+    ]:
+        err = one_line_usage_error(invoke(*args))
+        assert flag in err, (args, err)
+    assert list(tmp_path.iterdir()) == []  # no run directory for a command that never ran
+
+
+def test_an_unknown_task_name_suggests_the_closest():
+    err = one_line_usage_error(invoke("eval", "tiny/level1/reluu", "c.py"))
+    assert "did you mean tiny/level1/relu" in err, err
+    err = one_line_usage_error(invoke("tasks", "--show", "level1/softmx"))
+    assert "did you mean level1/softmax" in err, err  # answered in the form it was asked in
+    err = one_line_usage_error(invoke("bench", "tiny/levl1", "--device", "cpu"))
+    assert "did you mean tiny/level1" in err, err
+    err = one_line_usage_error(invoke("eval", "tiny/level1/qqqqqqqqqq", "c.py"))
+    assert "did you mean" not in err  # nothing close: no guess
+
+
+def test_a_file_that_cannot_be_read_is_named(tmp_path):
+    binary = tmp_path / "blob.py"
+    binary.write_bytes(bytes(range(128, 256)))
+    task, cand = str(FIXTURES / "tasks" / "tiny_elementwise.py"), str(FIXTURES / "legit" / "torch_elementwise.py")
+    err = one_line_usage_error(invoke("eval", task, str(binary), "--device", "cpu"))
+    assert f"candidate {binary} is not UTF-8 text" in err, err
+    err = one_line_usage_error(invoke("eval", str(binary), cand, "--device", "cpu"))
+    assert f"{binary} is not UTF-8 text" in err, err
+    err = one_line_usage_error(invoke("eval", task, str(tmp_path), "--device", "cpu"))
+    assert "is a directory" in err, err
+    err = one_line_usage_error(invoke("train", "data", str(binary)))
+    assert f"config {binary} is not UTF-8 text" in err and "YAML" in err, err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU host can tune")
+def test_tune_without_a_gpu_is_a_usage_error_naming_the_fix(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for extra in ([], ["--device", "cpu"]):
+        err = one_line_usage_error(invoke("tune", "tiny/level1/softmax", *extra))
+        assert "GPU host" in err and "kernelcraft optimize tiny/level1/softmax --device cpu" in err, err
+    assert list(tmp_path.iterdir()) == []  # no runs/tune-softmax
+
+
+def test_a_usage_error_leaves_no_directory_behind(tmp_path):
+    new = tmp_path / "new" / "run"
+    err = one_line_usage_error(invoke("optimize", "tiny/level1/diag_matmul", "--device", "cpu", "--policy", "nope",
+                                      "--out", str(new)))
+    assert "unknown policy" in err
+    err = one_line_usage_error(invoke("bench", "tiny/level1", "--device", "cpu", "--policy", "nope", "--out", str(new)))
+    assert "unknown policy" in err
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    err = one_line_usage_error(invoke("optimize", "tiny/level1/diag_matmul", "--device", "cpu", "--out", str(afile)))
+    assert "exists and is not a directory" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_usage_error_found_by_the_run_removes_only_a_directory_without_results(tmp_path, monkeypatch):
+    """A problem the library finds once it has started (an endpoint that stops answering) still leaves no new
+    directory behind, unless it holds a finished evaluation by then."""
+    import kernelcraft.cli.optimize as cli_optimize
+    from kernelcraft.search.policies import PolicyError
+    from kernelcraft.search.rundb import RunDB
+
+    def failing(finished):
+        def run(task, out, opts, **kw):
+            out.mkdir(parents=True, exist_ok=True)
+            db = RunDB(out)
+            db.set_meta("task", task.name)
+            if finished:
+                cid, _ = db.add_candidate("class ModelNew: pass\n", policy="recipes", round=1)
+                db.claim(cid)
+                db.finish(cid, {"status": "incorrect", "speedup": None, "reasons": [], "message": "", "timing": None})
+            db.close()
+            raise PolicyError("every request to http://127.0.0.1:9/v1/chat/completions failed this round")
+        return run
+
+    for finished in (False, True):
+        monkeypatch.setattr(cli_optimize, "optimize", failing(finished))
+        out = tmp_path / f"finished-{finished}" / "run"
+        err = one_line_usage_error(invoke("optimize", "tiny/level1/diag_matmul", "--device", "cpu", "--out", str(out)))
+        assert "failed this round" in err
+        assert out.exists() == finished, finished  # a finished evaluation is kept for the resume
+
+
+# ---- a bench through a pipe and in a terminal ------------------------------------------------------------------
+
+LAST_WORDS = "the last words of this message are the ones that matter: counted as a failure"
+LOUD = f'''import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+        raise RuntimeError("this candidate refuses to be built, and says why at length so that {LAST_WORDS}")
+'''
+
+
+@pytest.fixture(scope="module")
+def small_bench(tmp_path_factory, cache_dir):
+    """Two tasks judged (one correct, one failing with a long message) into OUT, then the same command again:
+    a resume with nothing left to do. Both through a pipe."""
+    root = tmp_path_factory.mktemp("small-bench")
+    tasks, cands = root / "tasks", root / "cands"
+    tasks.mkdir()
+    cands.mkdir()
+    for name in ("tiny_elementwise.py", "tiny_diag_matmul.py"):
+        (tasks / name).write_text((FIXTURES / "tasks" / name).read_text())
+    (cands / "tiny_elementwise.py").write_text((FIXTURES / "legit" / "torch_elementwise.py").read_text())
+    (cands / "tiny_diag_matmul.py").write_text(LOUD)
+    args = ["bench", str(tasks), "--candidates", str(cands), "--device", "cpu", "--baselines", "none", "--trials", "2",
+            "--time-budget", "0.2", "--processes", "1", "--remeasure-above", "0", "--jobs", "1",
+            "--out", str(root / "out")]
+    first = kc(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = kc(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    return {"args": args, "out": root / "out", "first": first, "again": again}
+
+
+def test_bench_through_a_pipe_is_never_cut(small_bench):
+    first = small_bench["first"]
+    said = [ln for ln in first.stderr.splitlines() if "tiny_diag_matmul:" in ln]
+    assert said and said[0].rstrip().endswith(LAST_WORDS), said  # not "…: no bes"
+    for run in (first, small_bench["again"]):
+        rows = [ln for ln in run.stdout.splitlines() if ln.startswith("│ all ")]
+        assert len(rows) == 1 and rows[0].count("│") == 13 and rows[0].count("%") == 6, run.stdout  # one line each
+        assert "…" not in run.stdout
+        title = [ln.strip() for ln in run.stdout.splitlines() if "bench — " in ln]
+        assert len(title) == 1 and title[0].startswith(f"bench — {small_bench['args'][1]} (cpu ") \
+            and title[0].endswith(")"), run.stdout  # the title on one line
+
+
+def test_bench_in_a_terminal_fits_its_width(small_bench):
+    for columns in (80, 60):
+        rc, shown, _ = kc_pty(*small_bench["args"], columns=columns)
+        assert rc == 0, shown
+        lines = [seg.rstrip() for ln in ANSI.sub("", shown).split("\n") for seg in ln.split("\r")]
+        table = [ln for ln in lines if re.match(r"[│ ]*all\b", ln)]
+        assert table, shown
+        assert max(len(ln) for ln in lines if not ln.startswith("bench ━")) <= columns, max(lines, key=len)
+        assert "…" not in "\n".join(lines)
+        if columns == 80:  # room enough for every number whole: the box and the padding give way first
+            assert len(re.findall(r"\b\d+%", table[0])) == 6 and len(re.findall(r"\d\.\d\dx", table[0])) >= 3, table
+
+
+def test_bench_report_after_a_resume_counts_every_invocation(small_bench):
+    html = (small_bench["out"] / "report.html").read_text()
+    header = html[html.index("id='header'"):html.index("</div>", html.index("id='header'"))]
+    assert re.search(r"2 evaluations took \d", header), header
+    assert "this invocation" in header and "resumed 2 item(s)" in header, header
+    assert not re.search(r"· 0 s$", header), header

@@ -37,6 +37,22 @@ def test_bad_values_and_unknown_knobs_name_themselves():
     assert issubclass(ProtocolError, ValueError)  # the caller's bug, as every bad option was
 
 
+def test_a_zero_timing_budget_is_refused_by_every_entry_point():
+    """No timing at all is `timing=False`; a budget of 0 s timed nothing and reported an interval anyway, beside a
+    correct verdict."""
+    for bad in (0, 0.0, -1):
+        with pytest.raises(ProtocolError, match="time_budget_s"):
+            Protocol.make(time_budget_s=bad)
+    with pytest.raises(ProtocolError, match="time_budget_s"):
+        evaluate(TASK, NO_MODELNEW, device="cpu", time_budget_s=0)
+    assert Protocol.make(time_budget_s=0.05).time_budget_s == 0.05
+    pytest.importorskip("fastapi")
+    from kernelcraft.serve.service import Options
+
+    with pytest.raises(Exception, match="time_budget_s"):
+        Options(time_budget_s=0)
+
+
 def test_make_layers_overrides_and_protocols_are_values():
     base = Protocol(trials=3, mode="strict")
     p = Protocol.make(base, atol=1e-3)

@@ -2,6 +2,7 @@
 renders in a real headless browser (Chromium from the distribution; skipped when absent)."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import struct
@@ -219,3 +220,72 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path_factory):
     w, h, distinct = _png_stats(shot)
     assert (w, h) == (1200, 1800)
     assert distinct > 200  # a real page was painted (a blank screenshot has a handful of distinct rows)
+
+
+# ---- `kernelcraft report DIR` for every directory kernelcraft writes -----------------------------------------
+
+def _bench_dir(root, finished=True):
+    """A bench's directory as `kernelcraft bench` leaves it: its pin, its logs, and once finished its summary and
+    the page it wrote."""
+    from kernelcraft.bench.report import write_report as write_bench_report
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "bench.json").write_text(json.dumps({"device": "cpu test", "protocol": {}, "source": "tiny"}))
+    (root / "verdicts.jsonl").write_text("")
+    if finished:
+        summary = {"source": "tiny", "device": "cpu test x2", "tasks": 1, "correct": 1, "baselines_only": False,
+                   "items": [{"item": "tiny/level1/relu", "level": 1, "status": "correct", "reasons": [],
+                              "speedup": 1.5, "ci95": [1.4, 1.6], "baselines": {}, "message": ""}],
+                   "baselines": {"names": ["eager"], "summary": {}, "skipped": {}}, "candidates": "given",
+                   "protocol": {"trials": 5, "time_budget_s": 1.0, "mode": "open"}, "wall_s": 3.0,
+                   "fast_p": {"1": 1.0}, "geomean_speedup": 1.5, "by_level": {}}
+        (root / "summary.json").write_text(json.dumps(summary))
+        write_bench_report(summary, root / "report.html")
+    return root
+
+
+def test_report_of_a_bench_directory_renders_its_page_again(tmp_path):
+    bench = _bench_dir(tmp_path / "bench")
+    (bench / "report.html").write_text("stale")  # a page already there is no reason to refuse the directory
+    r = CliRunner().invoke(app, ["report", str(bench), "--json"])
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout.splitlines()[-1])
+    assert rec["kind"] == "bench" and rec["report"] == str(bench / "report.html") and "items" not in rec["summary"]
+    page = (bench / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "kernelcraft bench — tiny" in page and "tiny/level1/relu" in page
+    r = CliRunner().invoke(app, ["report", str(bench / "report.html"), "-o", str(tmp_path / "copy.html")])
+    assert r.exit_code == 0 and (tmp_path / "copy.html").is_file(), r.output  # the page named: its directory
+
+
+def test_report_of_an_unfinished_bench_says_how_to_finish_it(tmp_path):
+    bench = _bench_dir(tmp_path / "bench", finished=False)
+    run = bench / "runs" / "tiny_level1_relu"
+    RunDB(run).close()
+    r = CliRunner().invoke(app, ["report", str(bench)])
+    err = r.stderr.strip()
+    assert r.exit_code == 2 and len(err.splitlines()) == 1, err
+    assert "has not finished" in err and f"--out {bench}" in err and f"kernelcraft report {run}" in err, err
+
+
+def test_report_of_training_runs_and_of_a_learn_experiment(tmp_path):
+    mark = {"kernelcraft": "0", "stage": "learn", "at": 0.0, "config": {"model": {"path": "stand-in"}}}
+    runs = [tmp_path / "learn" / arm / "seed-0" for arm in ("sft", "grpo")]
+    for d in runs:
+        d.mkdir(parents=True)
+        (d / "train.json").write_text(json.dumps(mark))
+    (tmp_path / "learn" / "table.json").write_text("{}")
+    (tmp_path / "learn" / "ablation.md").write_text("# ablation\n")
+    r = CliRunner().invoke(app, ["report", str(runs[0])])
+    assert r.exit_code == 0 and (runs[0] / "report.html").is_file(), r.output
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "learn"), "--json"])
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout.splitlines()[-1])
+    assert rec["kind"] == "learn" and rec["report"].endswith("ablation.md")
+    assert sorted(rec["summary"]["runs"]) == sorted(str(d / "report.html") for d in runs)
+
+
+def test_report_of_a_directory_kernelcraft_did_not_write_is_one_line(tmp_path):
+    for target in (tmp_path, tmp_path / "missing"):
+        r = CliRunner().invoke(app, ["report", str(target)])
+        err = r.stderr.strip()
+        assert r.exit_code == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err

@@ -121,8 +121,14 @@ SPEEDUP_DEFINITION = ("speedup = eager reference time / candidate time (paired, 
                       "vs eager; 1.0 when none is correct): a ratio of two paired measurements.")
 
 
-def first_line(msg: str | None) -> str:
-    return (msg or "").strip().splitlines()[0][:200] if (msg or "").strip() else ""
+def first_line(msg: str | None, limit: int = 200) -> str:
+    """A message's first line, whole up to `limit` characters; a longer one is cut after its last whole word
+    within the limit and marked with '…' (a cut mid-word, `…: no bes`, read as the whole message)."""
+    line = (msg or "").strip().splitlines()[0].rstrip() if (msg or "").strip() else ""
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut).rstrip(" ,;:") + "…"
 
 
 def summarise(source: Source, items: list[Item], records: dict, base: dict, wanted: list[str], skipped: dict,

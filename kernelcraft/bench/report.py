@@ -11,6 +11,11 @@ Design decisions
   baselines' own summary; one row per task with its verdict; input errors and notes.
 - A baselines-only bench judged no candidate, and its page says only that: no candidate settings in the
   header, and the task table shows each task's baselines instead of a column of `not_evaluated`.
+- The header's time is the directory's, over every invocation: its evaluations' seconds as `timeuse` adds them
+  up from the records (a resumed bench's own wall time is only what the last invocation did, seconds after a
+  resume of a finished run). The invocation's wall time is shown beside it, named as such.
+- Numbers are right-aligned in every table, and so are their headers (`_CSS_BENCH`): a header over a column of
+  numbers sat at the left edge of its cell while the numbers sat at the right.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from pathlib import Path
 
 from kernelcraft.search.report import _CSS, _e, log_grid
 
+_CSS_BENCH = "th.num{text-align:right}"
 SERIES_COLORS = {"candidate": "#1f5fbf", "inductor": "#c25e00", "inductor-max-autotune": "#7d4e9e",
                  "cudagraph": "#187a3a"}
 STATUS_CLASS = {"correct": "ok", "incorrect": "bad", "rejected": "bad", "no_candidate": "warn"}
@@ -148,7 +154,7 @@ def _fast_table(summary: dict) -> str:
     keys = list((summary.get("fast_p") or {}).keys())
     if not keys:
         return ""
-    head = "".join(f"<th>fast<sub>{_e(k)}</sub></th>" for k in keys)
+    head = "".join(f"<th class='num'>fast<sub>{_e(k)}</sub></th>" for k in keys)
     rows = [("all tasks, vs eager", summary, "")]
     if summary.get("fast_p_vs_compile"):
         rows.append(("all tasks, vs best torch.compile", summary, "_vs_compile"))
@@ -165,8 +171,9 @@ def _fast_table(summary: dict) -> str:
                     f"{_spread(m.get(f'geomean_speedup{sfx}_ci95'), _x)}</td>"
                     f"<td class='num'>{_x(m.get(f'median_speedup{sfx}'))}</td>"
                     f"<td class='num'>{_x(m.get(f'geomean_speedup{sfx}_correct'))}</td></tr>")
-    return ("<table id='fastp'><tr><th>scope</th><th>tasks</th>" + head + "<th>geomean (failures = 1)</th>"
-            "<th>median (failures = 1)</th><th>geomean (correct only)</th></tr>" + "".join(body) + "</table>")
+    return ("<table id='fastp'><tr><th>scope</th><th class='num'>tasks</th>" + head + "<th class='num'>geomean "
+            "(failures = 1)</th><th class='num'>median (failures = 1)</th><th class='num'>geomean (correct only)</th>"
+            "</tr>" + "".join(body) + "</table>")
 
 
 def _baseline_table(summary: dict) -> str:
@@ -174,24 +181,27 @@ def _baseline_table(summary: dict) -> str:
     rows = []
     for name, m in (b.get("summary") or {}).items():
         if name == "eager":
-            rows.append(f"<tr><td>eager</td><td class='num'>{m.get('tasks')}</td><td colspan='5' class='muted'>"
+            rows.append(f"<tr><td>eager</td><td class='num'>{_e(m.get('tasks', ''))}</td><td colspan='5' class='muted'>"
                         f"{_e(m.get('note', ''))}</td></tr>")
             continue
         fp = m.get("fast_p") or {}
-        rows.append(f"<tr><td>{_e(name)}</td><td class='num'>{m.get('tasks')}</td><td class='num'>{m.get('correct')}</td>"
+        rows.append(f"<tr><td>{_e(name)}</td><td class='num'>{_e(m.get('tasks', ''))}</td>"
+                    f"<td class='num'>{_e(m.get('correct', ''))}</td>"
                     f"<td class='num'>{_x(m.get('geomean_speedup_correct'))}</td>"
                     f"<td class='num'>{_x(m.get('median_speedup_correct'))}</td>"
                     f"<td class='num'>{_pct(fp.get('1'))}</td><td class='num'>{_pct(fp.get('2'))}</td></tr>")
     skipped = "".join(f"<li>{_e(k)}: {_e(v)}</li>" for k, v in (b.get("skipped") or {}).items())
-    return ("<table id='baselines'><tr><th>baseline</th><th>tasks</th><th>correct</th><th>geomean vs eager (correct)"
-            "</th><th>median vs eager (correct)</th><th>fast<sub>1</sub></th><th>fast<sub>2</sub></th></tr>"
+    return ("<table id='baselines'><tr><th>baseline</th><th class='num'>tasks</th><th class='num'>correct</th>"
+            "<th class='num'>geomean vs eager (correct)</th><th class='num'>median vs eager (correct)</th>"
+            "<th class='num'>fast<sub>1</sub></th><th class='num'>fast<sub>2</sub></th></tr>"
             + "".join(rows) + "</table>" + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else ""))
 
 
 def _items_table(summary: dict) -> str:
     names = [b for b in (summary.get("baselines") or {}).get("names", []) if b != "eager"]
     if summary.get("baselines_only"):  # no candidate was judged: each task's baselines, not a column of statuses
-        head = "<tr><th>task</th><th>level</th>" + "".join(f"<th>{_e(b)} vs eager</th>" for b in names) + "</tr>"
+        head = ("<tr><th>task</th><th class='num'>level</th>" + "".join(f"<th class='num'>{_e(b)} vs eager</th>"
+                                                                          for b in names) + "</tr>")
         body = []
         for r in summary.get("items") or []:
             cells = []
@@ -203,8 +213,9 @@ def _items_table(summary: dict) -> str:
             body.append(f"<tr><td>{_e(r['item'])}</td><td class='num'>{_e(r['level'] if r['level'] is not None else '')}"
                         f"</td>{''.join(cells)}</tr>")
         return "<table id='items'>" + head + "".join(body) + "</table>"
-    head = ("<tr><th>task</th><th>level</th><th>status</th><th>speedup</th><th>95% CI</th><th>vs best compile</th>"
-            + "".join(f"<th>{_e(b)}</th>" for b in names) + "<th>message</th></tr>")
+    head = ("<tr><th>task</th><th class='num'>level</th><th>status</th><th class='num'>speedup</th>"
+            "<th class='num'>95% CI</th><th class='num'>vs best compile</th>"
+            + "".join(f"<th class='num'>{_e(b)}</th>" for b in names) + "<th>message</th></tr>")
     body = []
     for r in summary.get("items") or []:
         cls = STATUS_CLASS.get(r["status"], "warn")
@@ -230,18 +241,41 @@ def _time_table(t: dict) -> str:
 
     rows = [("all", t)] + list(t.get("by_kind", {}).items()) + [(f"level {k}", v)
                                                                  for k, v in t.get("by_level", {}).items()]
-    head = ("<table id='time'><tr><th>evaluations of</th><th>count</th><th>tasks</th><th>on the device, s</th>"
-            "<th>per task, s</th><th>median each, s</th><th>off it, s</th><th>waiting, s</th><th>largest phases, s</th>"
-            "</tr>")
+    head = ("<table id='time'><tr><th>evaluations of</th>" + "".join(
+        f"<th class='num'>{h}</th>" for h in ("count", "tasks", "on the device, s", "per task, s", "median each, s",
+                                               "off it, s", "waiting, s")) + "<th>largest phases, s</th></tr>")
     body = "".join(
-        f"<tr><td>{_e(name)}</td><td>{b['evaluations']}</td><td>{b['tasks']}</td><td>{num(b['device_s'])}</td>"
-        f"<td>{num(b.get('device_s_per_task'), '{:.1f}')}</td><td>{num(b.get('median_device_s'), '{:.2f}')}</td>"
-        f"<td>{num(b['off_device_s'])}</td><td>{num(b['wait_s'])}</td>"
+        f"<tr><td>{_e(name)}</td><td class='num'>{b['evaluations']}</td><td class='num'>{b['tasks']}</td>"
+        f"<td class='num'>{num(b['device_s'])}</td><td class='num'>{num(b.get('device_s_per_task'), '{:.1f}')}</td>"
+        f"<td class='num'>{num(b.get('median_device_s'), '{:.2f}')}</td><td class='num'>{num(b['off_device_s'])}</td>"
+        f"<td class='num'>{num(b['wait_s'])}</td>"
         f"<td>{_e(', '.join(f'{k} {v:.0f}' for k, v in list(b['phases_s'].items())[:4]))}</td></tr>"
         for name, b in rows)
     return head + body + "</table><p class='muted'>Every evaluation this directory holds, whichever invocation " \
         "measured it (baselines from the shared cache and verdicts an optimize run took from them are not counted " \
         "again). On the device: the judge's device phase, under the device lock on a GPU.</p>"
+
+
+def _secs(v: float) -> str:
+    v = float(v or 0)
+    if v < 100:
+        return f"{v:.1f} s" if v < 10 else f"{v:.0f} s"
+    return f"{v / 60:.0f} min" if v < 6000 else f"{v / 3600:.1f} h"
+
+
+def _time(s: dict) -> str:
+    """The header's time (module docstring): every evaluation in the directory, then this invocation's wall."""
+    t = s.get("time_use") or {}
+    wall = s.get("wall_s")
+    now = ""
+    if wall is not None:
+        now = (f"this invocation {_secs(wall)} (resumed {s['resumed']} item(s) already judged)" if s.get("resumed")
+               else f"{_secs(wall)} wall")
+    if not t.get("evaluations"):
+        return now or "no evaluation yet"
+    spent = (t.get("device_s") or 0) + (t.get("off_device_s") or 0) + (t.get("wait_s") or 0)
+    return (f"{t['evaluations']} evaluations took {_secs(spent)} ({_secs(t.get('device_s'))} of it on the device) "
+            "over every invocation" + (f"; {now}" if now else ""))
 
 
 def render(summary: dict) -> str:
@@ -268,7 +302,7 @@ def render(summary: dict) -> str:
         cards.append(("input errors", f"<span class='bad'>{s['input_errors']}</span>"))
     proto = s.get("protocol") or {}
     h = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-         f"<title>kernelcraft bench — {_e(s.get('source'))}</title><style>{_CSS}</style></head><body>",
+         f"<title>kernelcraft bench — {_e(s.get('source'))}</title><style>{_CSS}{_CSS_BENCH}</style></head><body>",
          f"<h1>kernelcraft bench — {_e(s.get('source'))}</h1>",
          f"<div class='sub' id='header'>{_e(s.get('device'))} · "
          + ("<b>baselines only</b> (no candidates judged)" if not scored else
@@ -277,7 +311,7 @@ def render(summary: dict) -> str:
                "at a time)" if s.get("candidates") == "optimize" else ""))
          + f" · {proto.get('trials')} trials, {proto.get('time_budget_s')} s timing budget, mode {_e(proto.get('mode'))}"
          + f" · baselines {_e(', '.join(b.get('names') or []) or 'none')}"
-         + f" · {s.get('wall_s', 0):.0f} s</div>",
+         + f" · {_e(_time(s))}</div>",
          "<div class='cards' id='summary'>" + "".join(f"<div class='card'>{k}<b>{v}</b></div>" for k, v in cards)
          + "</div>"]
     if scored:

@@ -8,15 +8,16 @@ from typing import Optional
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
 
 from kernelcraft import devices
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.run import BenchError, Interrupted, default_out, resolve, run
 from kernelcraft.bench.timeuse import one_line
+from kernelcraft.cli import checks
 from kernelcraft.cli.interrupt import EXIT_INTERRUPTED, Interrupts
-from kernelcraft.cli.common import DEVICE, app, console, out, print_json, usage_error, with_protocol
+from kernelcraft.cli.common import app, console, fits, out, print_json, print_table, table, usage_error, with_protocol
 from kernelcraft.protocol import Protocol
+from kernelcraft.task import LEVELS, TIERS
 
 
 class _BenchProgress:
@@ -59,7 +60,7 @@ class _BenchProgress:
                 line = f"[green]correct[/green] {d['speedup']:.3f}x" if d["speedup"] else "[green]correct[/green]"
             else:
                 self.bad += d["what"] == "item"
-                line = f"[red]{escape(d['status'])}[/red] [dim]{escape(d['message'][:120])}[/dim]"
+                line = f"[red]{escape(d['status'])}[/red] [dim]{escape(d['message'])}[/dim]"  # whole: its end matters
             if not self.quiet:
                 console.print(f"  {escape(d['name'])}: {line}", highlight=False)
             self.progress.update(self.bar, advance=1,
@@ -87,36 +88,24 @@ class _BenchProgress:
 
 def _bench_table(s: dict) -> None:
     if s.get("baselines_only"):
-        t = Table(title=f"baselines — {s['source']} ({s['tasks']} tasks, {s['device']})")
-        for c in ("baseline", "correct", "geomean vs eager", "median vs eager", "fast_1", "fast_2"):
-            t.add_column(c, justify="left" if c == "baseline" else "right")
+        t = table(f"baselines — {s['source']} ({s['tasks']} tasks, {s['device']})",
+                  [(c, "left" if c == "baseline" else "right")
+                   for c in ("baseline", "correct", "geomean vs eager", "median vs eager", "fast_1", "fast_2")])
         for name, m in s["baselines"]["summary"].items():
             if name == "eager":
                 continue
             fp = m["fast_p"] or {}
             t.add_row(name, f"{m['correct']}/{m['tasks']}" + _unverifiable(m), _fx(m["geomean_speedup_correct"]),
                       _fx(m["median_speedup_correct"]), _fpct(fp.get("1")), _fpct(fp.get("2")))
-        out.print(t)
+        print_table(t)
         if any(m.get("unverifiable") for m in s["baselines"]["summary"].values()):
             out.print("[dim](+N?): N failures whose reference could not judge them (unverifiable_reference: it draws "
                       "random numbers or is ill-conditioned in fp32)[/dim]")
         return
-    keys = list(s["fast_p"])
-    t = Table(title=f"bench — {s['source']} ({s['device']})")
-    for c in ["scope", "tasks", "ok"] + [f"f{k}" for k in keys] + ["geomean", "median", "geo ok"]:
-        t.add_column(c, justify="left" if c == "scope" else "right")
-    rows = [("all", s, "")] + ([("all/compile", s, "_vs_compile")] if s.get("fast_p_vs_compile") else [])
-    for lv, m in s["by_level"].items():
-        rows.append((f"L{lv}", m, ""))
-        if m.get("fast_p_vs_compile"):
-            rows.append((f"L{lv}/compile", m, "_vs_compile"))
-    for label, m, sfx in rows:
-        fp = m[f"fast_p{sfx}"]
-        ci = m.get(f"geomean_speedup{sfx}_ci95")
-        geo = _fx(m[f"geomean_speedup{sfx}"]) + (f" [{_fx(ci[0])}–{_fx(ci[1])}]" if ci and ci[0] != ci[1] else "")
-        t.add_row(label, str(m["tasks"]), str(m["correct"]) + _unverifiable(m), *[_fpct(fp[k]) for k in keys],
-                  geo, _fx(m[f"median_speedup{sfx}"]), _fx(m[f"geomean_speedup{sfx}_correct"]))
-    out.print(t)
+    t = _scores_table(s, " ")
+    if out.is_terminal and not fits(t):
+        t = _scores_table(s, "\n")  # a narrow terminal: each geomean's interval on a line of its own
+    print_table(t)
     out.print("[dim]fP: correct and speedup > P, over all tasks · geomean/median: all tasks, failures as 1.0, "
               "[CI from the per-task CIs] · geo ok: correct tasks only · /compile: against each task's best "
               "correct torch.compile baseline · (+N?): N failures whose reference could not judge them "
@@ -124,6 +113,27 @@ def _bench_table(s: dict) -> None:
     st = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items(), key=lambda kv: -kv[1]))
     out.print(f"statuses: {st}" + (f" · [red]{s['input_errors']} input error(s) not scored[/red]"
                                     if s["input_errors"] else ""), highlight=False)
+
+
+def _scores_table(s: dict, before_ci: str):
+    keys = list(s["fast_p"])
+    t = table(f"bench — {s['source']} ({s['device']})",
+              [(c, "left" if c == "scope" else "right")
+               for c in ["scope", "tasks", "ok"] + [f"f{k}" for k in keys] + ["geomean", "median", "geo ok"]])
+    rows = [("all", s, "")] + ([("all/compile", s, "_vs_compile")] if s.get("fast_p_vs_compile") else [])
+    for lv, m in s["by_level"].items():
+        label = f"L{lv}" if str(lv).isdigit() else str(lv)  # a directory's tasks may have no level: "unknown"
+        rows.append((label, m, ""))
+        if m.get("fast_p_vs_compile"):
+            rows.append((f"{label}/compile", m, "_vs_compile"))
+    for label, m, sfx in rows:
+        fp = m[f"fast_p{sfx}"]
+        ci = m.get(f"geomean_speedup{sfx}_ci95")
+        geo = _fx(m[f"geomean_speedup{sfx}"]) + (f"{before_ci}[{_fx(ci[0])}–{_fx(ci[1])}]" if ci and ci[0] != ci[1]
+                                                else "")
+        t.add_row(label, str(m["tasks"]), str(m["correct"]) + _unverifiable(m), *[_fpct(fp[k]) for k in keys],
+                  geo, _fx(m[f"median_speedup{sfx}"]), _fx(m[f"geomean_speedup{sfx}_correct"]))
+    return t
 
 
 def _unverifiable(m: dict) -> str:
@@ -137,6 +147,11 @@ def _fx(v) -> str:
 
 def _fpct(v) -> str:
     return "—" if v is None else f"{100 * v:.0f}%"
+
+
+def _suite_names() -> list[str]:
+    """Every built-in SOURCE: the suites, their levels and their tasks."""
+    return ([*TIERS, *LEVELS] + [f"{t}/{lv}" for t in TIERS for lv in LEVELS] + checks.builtin_task_names())
 
 
 @app.command("bench")
@@ -175,9 +190,16 @@ def bench_cmd(
     """Bench a suite: verdicts for every task, fast_p and speedups against eager and torch.compile baselines."""
     try:
         dev = devices.resolve_many(device)[0]
+    except ValueError as e:
+        usage_error(f"--device: {e}")
+    try:
         src = resolve(source, device=dev, candidates=candidates)
-    except (BenchError, ValueError) as e:
-        usage_error(str(e))
+    except BenchError as e:
+        usage_error(str(e) + ("" if Path(source).exists() else checks.did_you_mean(source, _suite_names())))
+    except (UnicodeDecodeError, OSError) as e:
+        usage_error(f"cannot read SOURCE {source}: {e}")
+    if not (src.has_candidates or src.kind == "pairs" or baselines_only):
+        checks.policy(policy, build=False)  # each task is optimized: a bad policy is refused before any runs
     opts = BenchOptions(device=device or dev, baselines=baselines, protocol=protocol, jobs=jobs,
                         limit=limit, baselines_only=baselines_only, baseline_cache=baseline_cache, policy=policy,
                         budget=budget, task_jobs=task_jobs,
@@ -185,11 +207,15 @@ def bench_cmd(
     out_dir = out_dir or default_out(src)
     progress, cancel = _BenchProgress(quiet), threading.Event()
     try:  # Ctrl-C or SIGTERM (`timeout 500 kernelcraft bench`): acknowledged at once, finished verdicts kept
-        with Interrupts(cancel, lambda: "stopping the running evaluations; finished verdicts are kept", console):
-            summary = run(src, out_dir, opts, on_event=progress, cancel=cancel)
-    except BenchError as e:
-        progress.stop()
-        usage_error(str(e))
+        with checks.no_leftovers(out_dir):
+            checks.out_dir(out_dir)
+            try:
+                with Interrupts(cancel, lambda: "stopping the running evaluations; finished verdicts are kept",
+                                console):
+                    summary = run(src, out_dir, opts, on_event=progress, cancel=cancel)
+            except BenchError as e:
+                progress.stop()
+                usage_error(str(e))
     except (Interrupted, KeyboardInterrupt) as e:
         progress.stop()
         kept = (f"{e.done} finished verdict(s) kept in {out_dir}/verdicts.jsonl"

@@ -9,6 +9,12 @@ Design decisions
 - A bad value is a usage error (exit 2, one line naming the option), never a verdict. An option that
   belongs to another command (`eval --budget`) names that command instead of click's nearest spelling
   (which offered `--time-budget`, a different knob): `_Group`.
+- Every usage error has one shape, whoever finds it: `error: <what is wrong>` on one line of stderr, exit 2.
+  click's own parse errors (an unknown option, a missing argument, a value that is not a number) are caught
+  in `_Group.main` and printed that way too, with the command's `--help` named, instead of typer's
+  usage-and-box of six lines.
+- Tables go through `table`: in a pipe or a file no cell is ever wrapped or cut (what a script reads is
+  what was measured); in a terminal they fit its width, a cell too wide folding onto more lines.
 - A built-in name without a tier on a CPU (`level1/x`) is the GPU-sized task; `tier_notice` says so before
   anything runs, with the tiny tier's name.
 """
@@ -21,13 +27,36 @@ import sys
 from typing import Optional
 
 import typer
+from rich import box
+from rich.cells import cell_len
 from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
 from typer.core import TyperGroup
 
 from kernelcraft.protocol import Protocol, ProtocolError, describe_problems
 
 class _Group(TyperGroup):
-    """The app's group: an unknown option that another command has is answered with that command."""
+    """The app's group: an unknown option that another command has is answered with that command, and click's
+    parse errors are one-line usage errors like every other (module docstring)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except Exception as e:  # click's exceptions (typer >= 0.2x vendors click: matched by name)
+            names = {c.__name__ for c in type(e).__mro__}
+            if "ClickException" in names:
+                _parse_error(e)
+                sys.exit(e.exit_code)
+            if "Abort" in names:
+                sys.stderr.write("aborted\n")
+                sys.exit(1)
+            raise
+        # without standalone mode click returns the command's value, or the code of the Exit that ended it;
+        # no command returns a value
+        sys.exit(rv if isinstance(rv, int) and not isinstance(rv, bool) else 0)
 
     def invoke(self, ctx):
         try:
@@ -50,16 +79,62 @@ app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True,
                   help="kernelcraft: trustworthy evaluation and automatic optimization of GPU code.")
 
 
+def _parse_error(e) -> None:
+    """click's error `e` as a usage error: one line, naming the command's help."""
+    if type(e).__name__ == "NoArgsIsHelpError":  # a bare group: its help is the answer (typer printed it already)
+        text = e.format_message()
+        if text.strip():
+            sys.stderr.write(text.rstrip("\n") + "\n")
+        return
+    msg = " ".join(str(e.format_message()).split())
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None and type(e).__name__ != "FileError":
+        msg = msg.rstrip(".") + f"; see `{ctx.command_path} --help`"
+    sys.stderr.write("error: " + msg + "\n")
+
+
+PIPE_WIDTH = 10_000  # "never wrap": wider than any line kernelcraft prints
+
+
 def _console(stderr: bool = False) -> Console:
     """A terminal gets rich's layout at its width; a pipe or a file gets lines that are never wrapped
     (rich would cut them at 80 columns: a task's source piped to a file stopped being Python)."""
     stream = sys.stderr if stderr else sys.stdout
     tty = hasattr(stream, "isatty") and stream.isatty()
-    return Console(stderr=stderr) if tty else Console(stderr=stderr, width=400, soft_wrap=True)
+    return Console(stderr=stderr) if tty else Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
 
 
 console = _console(stderr=True)
 out = _console()
+
+
+def table(title: str, columns: list[tuple[str, str]], to: Console | None = None) -> Table:
+    """A table for `to` (default: `out`), columns given as (header, justify): in a terminal it fits the width,
+    a cell too wide folding onto more lines (never cut with …); in a pipe or a file no cell and no title is
+    wrapped or cut. A table of numbers is printed with `print_table`."""
+    tty = (to or out).is_terminal
+    t = Table(title=title, min_width=None if tty else cell_len(title))
+    for header, justify in columns:
+        t.add_column(header, justify=justify, overflow="fold", no_wrap=not tty)  # a pipe is wide: nothing to fold
+    return t
+
+
+def fits(t: Table, to: Console | None = None) -> bool:
+    """Whether `t` fits `to`'s width as it is, no cell folded."""
+    c = to or out
+    return Measurement.get(c, c.options.update(width=PIPE_WIDTH), t).maximum <= c.width
+
+
+def print_table(t: Table, to: Console | None = None) -> None:
+    """Print a table of numbers `t`; in a terminal too narrow for it, the box and then the padding go before any
+    cell is folded (rich shrinks every column alike, folding numbers digit by digit)."""
+    c = to or out
+    if c.is_terminal:
+        for padding in ((0, 1), (0, 0)):
+            if fits(t, c):
+                break
+            t.box, t.show_edge, t.pad_edge, t.padding = box.SIMPLE_HEAD, False, False, padding
+    c.print(t)
 
 
 def _version(value: bool) -> None:

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
-from kernelcraft.cli.common import DEVICE, app, console, out, print_json, tier_notice, usage_error, with_protocol
+from kernelcraft.cli import checks
+from kernelcraft.cli.common import (DEVICE, app, console, out, print_json, table, tier_notice, usage_error,
+                                    with_protocol)
 from kernelcraft.evaluate import check_task, evaluate
 from kernelcraft.protocol import Protocol
 from kernelcraft.task import TIERS, TaskError, builtin_names, load_task
@@ -57,10 +58,11 @@ def eval_cmd(
     protocol: Protocol = None,
 ):
     """Judge one candidate against a task: correctness, then a trustworthy speedup."""
-    if not candidate.is_file():
-        usage_error(f"candidate file not found: {candidate}")
+    t = checks.load_task(task)
+    checks.readable_file(candidate, "candidate")
+    checks.device(device)
     try:
-        tier_notice(task, load_task(task), device)
+        tier_notice(task, t, device)
         v = evaluate(task, candidate, protocol=protocol.with_(timing=False) if no_timing else protocol, device=device)
     except (TaskError, ValueError, FileNotFoundError) as e:
         usage_error(str(e))
@@ -84,20 +86,20 @@ def tasks_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """List the built-in suites and tasks; with --check, flag degenerate ones."""
+    if tier and tier not in TIERS:
+        usage_error(f"--tier must be one of {', '.join(TIERS)}, not {tier!r}")
     if check:
-        _check_tasks(paths or [n for t in ([tier] if tier else ["tiny"]) for n in builtin_names(t, level)],
-                     device, as_json)
+        names = paths or [n for t in ([tier] if tier else ["tiny"]) for n in builtin_names(t, level)]
+        for name in names:  # every name checked before the first reference runs
+            checks.load_task(name)
+        checks.device(device)
+        _check_tasks(names, device, as_json)
         return
     if show_source:
-        try:
-            source = load_task(show_source).source
-        except TaskError as e:
-            usage_error(str(e))
+        source = checks.load_task(show_source).source
         sys.stdout.write(source if source.endswith("\n") else source + "\n")  # verbatim: it is a Python file
         return
     tiers = [tier] if tier else list(TIERS)
-    if tier and tier not in TIERS:
-        usage_error(f"--tier must be one of {', '.join(TIERS)}")
     rows = []
     for t in tiers:
         for name in builtin_names(t, level):
@@ -107,12 +109,10 @@ def tasks_cmd(
     if as_json:
         print_json({"tasks": rows})
         return
-    table = Table(title="built-in tasks (suite/level/name)")
-    for col in ("name", "level", "summary"):  # a narrow terminal folds a cell onto more lines, never cuts it with …
-        table.add_column(col, overflow="fold")
+    t = table("built-in tasks (suite/level/name)", [("name", "left"), ("level", "right"), ("summary", "left")])
     for r in rows:
-        table.add_row(r["name"], str(r["level"]), r["summary"])
-    out.print(table)
+        t.add_row(r["name"], str(r["level"]), r["summary"])
+    out.print(t)  # words wrap: a narrow terminal folds the summaries
     out.print(f"{len(rows)} tasks. Sizes: 'gpu' tier for GPUs, 'tiny' tier runs in seconds on a CPU.")
 
 

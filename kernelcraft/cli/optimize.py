@@ -1,4 +1,4 @@
-"""`kernelcraft optimize` (the search, with live progress) and `kernelcraft report` (its HTML page).
+"""`kernelcraft optimize`: the search, with live progress.
 
 Design decisions
 - Nothing long happens without a word on stderr: what a resume picks up ("resuming: 5/8 candidates done"),
@@ -16,14 +16,14 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kernelcraft.cli import checks
 from kernelcraft.cli.common import (DEVICE, app, console, out, print_json, tier_notice, usage_error,
                                     with_protocol)
 from kernelcraft.protocol import Protocol
 from kernelcraft.cli.interrupt import EXIT_INTERRUPTED, Interrupts
 from kernelcraft.search.optimize import Cancelled, Options, RunInUse, optimize
 from kernelcraft.search.policies import PolicyError
-from kernelcraft.search.report import summary_json, write_report
-from kernelcraft.task import TaskError, load_task
+from kernelcraft.task import TaskError
 
 
 class _OptimizeProgress:
@@ -132,38 +132,42 @@ def optimize_cmd(
     backend: str = typer.Option("any", help="what LLM policies are asked to write: any | cuda | triton | pytorch"),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint (default $OPENAI_BASE_URL)"),
     api_key: Optional[str] = typer.Option(None, help="API key (default $OPENAI_API_KEY)"),
-    temperature: float = typer.Option(0.7, help="LLM sampling temperature"),
-    max_tokens: int = typer.Option(8192, help="LLM max tokens per reply"),
+    temperature: float = typer.Option(0.7, min=0, help="LLM sampling temperature"),
+    max_tokens: int = typer.Option(8192, min=1, help="LLM max tokens per reply"),
     as_json: bool = typer.Option(False, "--json", help="print the run summary as JSON (last line)"),
     protocol: Protocol = None,
 ):
     """Search for a faster ModelNew: propose, verify, repeat; writes OUT/best.py for a verified win."""
-    if selector not in ("contrastive", "random"):
-        usage_error(f"--selector must be contrastive or random, not {selector!r}")
-    try:
-        t = load_task(task)
-    except TaskError as e:
-        usage_error(str(e))
+    checks.choice(selector, "--selector", ("contrastive", "random"))
+    checks.choice(backend, "--backend", ("any", "cuda", "triton", "pytorch"))
+    checks.positive(time_limit, "--time-limit", " seconds")
+    checks.positive(tau, "--tau")
+    checks.positive(min_speedup, "--min-speedup")
+    t = checks.load_task(task)
+    checks.device(device)
     tier_notice(task, t, device)
     out_dir = out_dir or Path("runs") / t.stem
+    policy_options = dict(base_url=base_url, api_key=api_key, temperature=temperature, max_tokens=max_tokens,
+                          concurrency=k, skip=skip or ())
     opts = Options(policy=policy, budget=budget, time_limit_s=time_limit, k=k, jobs=jobs, patience=patience or None,
                    exemplars=exemplars, tau=tau, selector=selector, seed=seed, device=device, protocol=protocol,
                    confirm=confirm, min_speedup=min_speedup,
                    null_control=null_control,
-                   allow_precision_change=allow_precision_change, backend=backend,
-                   policy_options=dict(base_url=base_url, api_key=api_key, temperature=temperature,
-                                       max_tokens=max_tokens, concurrency=k, skip=skip or ()))
+                   allow_precision_change=allow_precision_change, backend=backend, policy_options=policy_options)
     progress, cancel = _OptimizeProgress(budget), threading.Event()
-    try:
-        with Interrupts(cancel, progress.interrupted, console):
-            res = optimize(t, out_dir, opts, on_event=progress, cancel=cancel)
-    except (TaskError, ValueError, PolicyError, RunInUse) as e:
-        progress.progress.stop()
-        usage_error(str(e))
-    except (KeyboardInterrupt, Cancelled):
-        progress.progress.stop()
-        console.print(f"stopped: {_kept(out_dir)}; re-run the same command to resume", highlight=False)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+    with checks.no_leftovers(out_dir):
+        checks.out_dir(out_dir)
+        proposer = checks.policy(policy, **policy_options)  # built once, before the run: a bad one is a usage error
+        try:
+            with Interrupts(cancel, progress.interrupted, console):
+                res = optimize(t, out_dir, opts, policy=proposer, on_event=progress, cancel=cancel)
+        except (TaskError, ValueError, PolicyError, RunInUse) as e:
+            progress.progress.stop()
+            usage_error(str(e))
+        except (KeyboardInterrupt, Cancelled):
+            progress.progress.stop()
+            console.print(f"stopped: {_kept(out_dir)}; re-run the same command to resume", highlight=False)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
     if as_json:
         print_json(res.to_json())
         return
@@ -198,31 +202,3 @@ def _kept(out_dir: Path) -> str:
     done = [r for r in rows if r.state == "done"]
     return (f"{len(done)} finished candidate(s) kept in {out_dir / DB_NAME} ({sum(r.correct for r in done)} correct"
             f"{f', {len(rows) - len(done)} queued or interrupted' if len(rows) > len(done) else ''})")
-
-
-@app.command("report")
-def report_cmd(
-    run_dir: Path = typer.Argument(..., help="a run directory written by `kernelcraft optimize`"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="HTML file (default RUN_DIR/report.html)"),
-    as_json: bool = typer.Option(False, "--json", help="print {report, summary} as JSON (last line)"),
-):
-    """Write a self-contained HTML report of an optimisation run (or of a training run: its curves)."""
-    from kernelcraft.train import report as train_report
-
-    if train_report.is_train_run(run_dir):
-        path = train_report.write_train_report(run_dir, output)
-        if as_json:
-            print_json({"report": str(path), "summary": train_report.summary_json(run_dir)})
-        else:
-            out.print(f"wrote {path}")
-        return
-    try:
-        path = write_report(run_dir, output)
-    except FileNotFoundError as e:
-        usage_error(str(e))
-    if as_json:
-        print_json({"report": str(path), "summary": summary_json(run_dir)})
-    else:
-        out.print(f"wrote {path}")
-
-

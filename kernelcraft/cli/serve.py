@@ -6,9 +6,13 @@ from typing import Optional
 
 import typer
 
+from kernelcraft.cli import checks
 from kernelcraft.cli.common import app, usage_error
 from kernelcraft.judge.caller.sandbox import SandboxError
 from kernelcraft.serve.service import ServiceConfigError, serve
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
 @app.command("serve")
@@ -28,11 +32,15 @@ def serve_cmd(
     sandbox: Optional[str] = typer.Option(None, help="auto | bwrap | rlimits | off (default $KERNELCRAFT_SANDBOX, "
                                           "else auto: bwrap where it works)"),
     insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth", help="serve without an API key (loopback only)"),
-    log_level: str = typer.Option("info", help="uvicorn log level"),
+    log_level: str = typer.Option("info", help="uvicorn log level: " + " | ".join(LOG_LEVELS)),
 ):
     """Serve evaluations over HTTP for RL trainers (needs KERNELCRAFT_API_KEY and the `serve` extra)."""
     if device not in (None, "cpu", "cuda"):
         usage_error(f"--device must be cpu or cuda, not {device!r}")
+    if device == "cuda":
+        checks.device(device)
+    checks.positive(max_body_mb, "--max-body-mb", " MiB")
+    checks.choice(log_level, "--log-level", LOG_LEVELS)
     try:
         serve(host=host, port=port, devices=device, per_device=jobs or workers, build_workers=build_workers, cluster=cluster,
               cache_dir=cache_dir, max_body_bytes=int(max_body_mb * (1 << 20)), max_batch=max_batch, sandbox=sandbox,

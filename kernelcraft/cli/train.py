@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from kernelcraft.cli import checks
 from kernelcraft.cli.common import app, console, out, print_json, usage_error
 from kernelcraft.train.config import ConfigError, load_config
 from kernelcraft.train.models import TrainError
@@ -28,16 +29,23 @@ def _load(config: Path, out_dir: Optional[Path]):
         return load_config(config, out=str(out_dir.resolve()) if out_dir else None)
     except ConfigError as e:
         usage_error(str(e))
+    except UnicodeDecodeError as e:
+        usage_error(checks.unreadable("config", config, e, expected="a YAML config"))
 
 
-def _run(fn, *args, **kw):
-    try:
-        return fn(*args, **kw)
-    except (TrainError, ConfigError, ValueError, FileNotFoundError) as e:
-        usage_error(str(e))
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]: run the same command again to resume")
-        raise typer.Exit(130)
+def _run(fn, *args, out_dir: Path, **kw):
+    """`fn(*args, **kw)`, writing into `out_dir`: a usage error leaves nothing there if it was new
+    (`checks.no_leftovers`)."""
+    with checks.no_leftovers(out_dir):
+        try:
+            return fn(*args, **kw)
+        except (TrainError, ConfigError, ValueError) as e:
+            usage_error(str(e))
+        except OSError as e:
+            usage_error(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/yellow]: run the same command again to resume")
+            raise typer.Exit(130)
 
 
 @train_app.command("data")
@@ -47,7 +55,7 @@ def data_cmd(config: Path = CONFIG, out_dir: Optional[Path] = OUT,
     from kernelcraft.train.pipeline import run_data
 
     cfg = _load(config, out_dir)
-    card = _run(run_data, cfg)
+    card = _run(run_data, cfg, out_dir=cfg.out_dir)
     if as_json:
         print_json(card)
         return
@@ -64,7 +72,8 @@ def sft_cmd(config: Path = CONFIG, out_dir: Optional[Path] = OUT):
     """Stage 1: supervised fine-tuning on the train split (TRL SFTTrainer; LoRA with model.lora)."""
     from kernelcraft.train.pipeline import run_sft_stage
 
-    out.print(f"sft model: {_run(run_sft_stage, _load(config, out_dir))}")
+    cfg = _load(config, out_dir)
+    out.print(f"sft model: {_run(run_sft_stage, cfg, out_dir=cfg.out_dir)}")
 
 
 @train_app.command("selftrain")
@@ -72,7 +81,8 @@ def selftrain_cmd(config: Path = CONFIG, out_dir: Optional[Path] = OUT):
     """Stage 2: sample k per task, judge through the reward service, fine-tune on the correct ones; R rounds."""
     from kernelcraft.train.pipeline import run_selftrain_stage
 
-    out.print(f"self-trained model: {_run(run_selftrain_stage, _load(config, out_dir))}")
+    cfg = _load(config, out_dir)
+    out.print(f"self-trained model: {_run(run_selftrain_stage, cfg, out_dir=cfg.out_dir)}")
 
 
 @train_app.command("grpo")
@@ -80,7 +90,8 @@ def grpo_cmd(config: Path = CONFIG, out_dir: Optional[Path] = OUT):
     """Stage 3: contrastive GRPO (TRL GRPOTrainer) rewarded by the reward service."""
     from kernelcraft.train.pipeline import run_grpo_stage
 
-    out.print(f"GRPO model: {_run(run_grpo_stage, _load(config, out_dir))}")
+    cfg = _load(config, out_dir)
+    out.print(f"GRPO model: {_run(run_grpo_stage, cfg, out_dir=cfg.out_dir)}")
 
 
 @train_app.command("run")
@@ -89,7 +100,8 @@ def run_cmd(config: Path = CONFIG, out_dir: Optional[Path] = OUT,
     """Every stage in order (data, sft, selftrain, grpo), each resuming what an earlier run left."""
     from kernelcraft.train.pipeline import run_all
 
-    res = _run(run_all, _load(config, out_dir))
+    cfg = _load(config, out_dir)
+    res = _run(run_all, cfg, out_dir=cfg.out_dir)
     if as_json:
         print_json(res)
     else:
@@ -104,7 +116,7 @@ def init_model_cmd(path: Path = typer.Argument(..., help="directory to write the
     """Write a random-weight causal LM from a config, with a tokenizer trained offline (no download)."""
     from kernelcraft.train.models import build_random_model
 
-    out.print(f"wrote {_run(build_random_model, path, preset, seed=seed)}")
+    out.print(f"wrote {_run(build_random_model, path, preset, seed=seed, out_dir=path)}")
 
 
 @train_app.command("hack-cases")
@@ -150,6 +162,7 @@ def learn_cmd(out_dir: Path = typer.Option(Path("runs/learn"), "--out", help="ex
     from kernelcraft.train.ablation import JUDGE, experiment
     from kernelcraft.train.learn import ARMS, RunSettings
 
+    checks.device(device)
     names = [a.strip() for a in arms.split(",") if a.strip()]
     bad = [a for a in names if a not in ARMS]
     if bad or not names:
@@ -158,7 +171,7 @@ def learn_cmd(out_dir: Path = typer.Option(Path("runs/learn"), "--out", help="ex
     judge = {**JUDGE, "trials": trials, "time_budget_s": time_budget}
     say = (lambda m: console.print(m, highlight=False, markup=False)) if as_json else \
         (lambda m: out.print(m, highlight=False, markup=False))
-    summary = _run(experiment, out_dir, tasks=tasks, device=device, seeds=seeds, arms=names,
+    summary = _run(experiment, out_dir, out_dir=out_dir, tasks=tasks, device=device, seeds=seeds, arms=names,
                    heldout_fraction=heldout_fraction, split_seed=split_seed,
                    skip=tuple(s for s in skip.split(",") if s), jobs=jobs, judge=judge, settings=settings, say=say)
     if as_json:
