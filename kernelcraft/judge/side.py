@@ -380,9 +380,10 @@ class Side:
         return {"type": "ok"}
 
 
-def serve(role: str, sock, protected: list[int]) -> None:
-    """The side's main loop (never returns: the process exits when the judge closes the wire)."""
-    hardening = isolation.harden_side(role, protected)
+def serve(role: str, sock, protected: list[int], namespace: dict | None = None) -> None:
+    """The side's main loop (never returns: the process exits when the judge closes the wire). `namespace`: the
+    candidate's PID namespace, as the forker made it (`isolation.harden_side`)."""
+    hardening = isolation.harden_side(role, protected, namespace)
     end = SideEnd(sock)
     side = Side(role)
     side.peers = frozenset(protected)
