@@ -44,9 +44,12 @@ Design decisions
   migration, kcmp and perf_event_open; `-1` as a pid too, SIGCONT whatever the target, and `setpriority`/
   `ioprio_set` aimed at a whole user. Threads inherit it. What a pid list cannot cover: a THREAD id. Thread ids
   are dynamic and readable under /proc, and tkill(tid), kill(tid) and rt_sigqueueinfo(tid) reach a whole process
-  through any of its threads, as sched_setaffinity(tid) and the other per-thread scheduler calls reach that thread:
-  only the namespace refuses those. Where seccomp is unavailable (another architecture, a kernel without it) the
-  filter is skipped and `describe()` says so; the audits still run.
+  through any of its threads, as sched_setaffinity(tid) and the other per-thread scheduler calls reach that thread;
+  nor a descriptor: pidfd_send_signal also takes an open /proc/PID directory, which the filter cannot tell from
+  another file. Only the namespace refuses those. Getters (sched_get*, getpriority, ioprio_get, getpgid, getsid)
+  stay allowed: they change nothing, and inside a namespace they name nothing outside it. Where seccomp is
+  unavailable (another architecture, a kernel without it) the filter is skipped and `describe()` says so; the
+  audits still run.
 - Freezing is SIGSTOP to the side's process group, then `waitpid(WUNTRACED)` on the side (a direct child
   of the judge), so "frozen" is a fact, not a request in flight; thawing is SIGCONT. `setpgid` stays
   allowed (ninja puts each compile job in its own group), so a descendant could leave the group: the
@@ -61,8 +64,8 @@ Design decisions
   (root ignores non-dumpable, and without a namespace reads and writes the judge's and the reference's memory
   through /proc/PID/mem); run the service as a dedicated unprivileged user. Without a namespace, a signal the
   reference cannot block (glibc's two reserved real-time signals) or a per-thread scheduler change is caught
-  only if it is still in place at an audit, and SIGKILL by a thread id still ends the reference (an error
-  verdict, never a number). Shared host resources (CPU caches, memory bandwidth, the GPU) are not
+  only if it is still in place at an audit, and SIGKILL by a thread id or through a /proc/PID descriptor still
+  ends the reference (an error verdict, never a number). Shared host resources (CPU caches, memory bandwidth, the GPU) are not
   fenced by any of this.
 """
 from __future__ import annotations
@@ -97,7 +100,7 @@ _ARCH = {
                 "umount2": 166, "pivot_root": 155, "setns": 308, "open_tree": 428, "move_mount": 429, "fsopen": 430,
                 "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442},
                {"kill": (62, (0,)), "tkill": (200, (0,)), "tgkill": (234, (0,)), "pidfd_open": (434, (0,)),
-                "pidfd_send_signal": (424, (0,)), "rt_sigqueueinfo": (129, (0,)), "rt_tgsigqueueinfo": (297, (0,)),
+                "rt_sigqueueinfo": (129, (0,)), "rt_tgsigqueueinfo": (297, (0,)),
                 "sched_setaffinity": (203, (0,)), "sched_setscheduler": (144, (0,)), "sched_setparam": (142, (0,)),
                 "sched_setattr": (314, (0,)), "setpriority": (141, (1,)), "prlimit64": (302, (0,)),
                 "ioprio_set": (251, (1,)), "migrate_pages": (256, (0,)), "move_pages": (279, (0,)),
@@ -110,7 +113,7 @@ _ARCH = {
                  "umount2": 39, "pivot_root": 41, "setns": 268, "open_tree": 428, "move_mount": 429, "fsopen": 430,
                  "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442},
                 {"kill": (129, (0,)), "tkill": (130, (0,)), "tgkill": (131, (0,)), "pidfd_open": (434, (0,)),
-                 "pidfd_send_signal": (424, (0,)), "rt_sigqueueinfo": (138, (0,)), "rt_tgsigqueueinfo": (240, (0,)),
+                 "rt_sigqueueinfo": (138, (0,)), "rt_tgsigqueueinfo": (240, (0,)),
                  "sched_setaffinity": (122, (0,)), "sched_setscheduler": (119, (0,)), "sched_setparam": (118, (0,)),
                  "sched_setattr": (274, (0,)), "setpriority": (140, (1,)), "prlimit64": (261, (0,)),
                  "ioprio_set": (30, (1,)), "migrate_pages": (238, (0,)), "move_pages": (239, (0,)),
