@@ -231,10 +231,9 @@ def test_a_deep_train_mode_cnn_compiled_is_correct_and_bf16_is_not(tmp_path):
 @pytest.mark.parametrize("pidns", ["auto", "off"])
 def test_gpu_candidate_in_its_own_pid_namespace(pidns, cuda_cold_and_warm, monkeypatch):
     """The candidate's side in a PID namespace of its own (`judge.isolation`, with its own /proc: CUDA fails to
-    initialise without it) against the same job without one: the inline CUDA build (nvcc, ninja) and the judge's
-    arenas through CUDA IPC work inside, both processes of `processes` = 2 are timed, and the verdict names the
-    fencing. Seen on an H200: CUDA IPC from the judge's namespace into the candidate's, and a matmul's time inside
-    it equal to outside (2.669 against 2.670 ms)."""
+    initialise without it) against the same job without one: the inline CUDA extension (built by the module's
+    first evaluation, in the default setting) and the judge's arenas through CUDA IPC work inside, both processes
+    of `processes` = 2 pass their trials and are timed, and the verdict names the fencing."""
     from kernelcraft.judge import isolation
 
     monkeypatch.setenv(isolation.PIDNS_SWITCH, pidns)
