@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import recorded_pid
 from fixture_header import read_header
 from kernelcraft.evaluate import evaluate, evaluate_many
 
@@ -42,32 +43,23 @@ QUICK = dict(timing=False, trials=2, timeout_s=30.0, build_timeout_s=300.0)
 CPU_FAULTS = sorted(p for p in FAULTS.glob("*.py") if not p.name.startswith(("gpu_", "guard_")))
 
 
-def pid_alive(pid: int) -> bool:
-    """True if `pid` exists and is not a zombie (a killed child nobody reaped yet counts as dead)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
-
-
-def wait_dead(pid: int, within_s: float = 10.0) -> bool:
+def wait_dead(record: str, within_s: float = 10.0) -> bool:
+    """Is the process a candidate recorded (`recorded_pid`) gone (a zombie nobody reaped yet counts as gone)?"""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if not pid_alive(pid):
+        if recorded_pid.host_pid(record) is None:
             return True
         time.sleep(0.1)
-    return not pid_alive(pid)
+    return recorded_pid.host_pid(record) is None
 
 
 def kill_leftover(path: Path) -> None:
     """Kill a process a fixture recorded, if the harness left it alive (never leak it into CI)."""
     try:
-        pid = int(path.read_text())
+        pid = recorded_pid.host_pid(path.read_text())
     except (OSError, ValueError):
         return
-    if pid_alive(pid):
+    if pid is not None:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -170,8 +162,9 @@ def test_timeout_kills_worker_process_group(fault_verdicts, pidfile):
     # killed about when the 5 s run clock ran out: not before, and not much later
     assert 5.0 <= seconds < 60.0, seconds
     assert pidfile.is_file(), "the candidate should have recorded its child's pid before looping"
-    pid = int(pidfile.read_text())
-    assert wait_dead(pid), f"the candidate's `sleep 1000` child (pid {pid}) outlived the timed-out worker"
+    record = pidfile.read_text()
+    recorded_pid.parse(record)
+    assert wait_dead(record), f"the candidate's `sleep 1000` child ({record}) outlived the timed-out worker"
 
 
 def test_process_escaping_the_process_group_is_killed_and_rejected(fault_verdicts, pidfile):
@@ -180,9 +173,10 @@ def test_process_escaping_the_process_group_is_killed_and_rejected(fault_verdict
     v, _ = fault_verdicts["escaping_daemon.py"]
     daemon = Path(str(pidfile) + ".daemon")
     assert daemon.is_file(), f"the candidate's child should have recorded its pid ({v.status}: {v.message[:500]})"
-    pid = int(daemon.read_text())
+    record = daemon.read_text()
+    recorded_pid.parse(record)
     try:
-        assert wait_dead(pid, within_s=5), f"the candidate's setsid() child (pid {pid}) outlived its worker"
+        assert wait_dead(record, within_s=5), f"the candidate's setsid() child ({record}) outlived its worker"
     finally:
         kill_leftover(daemon)
     assert (v.status, v.reasons) == ("rejected", ["thread_injection"]), f"{v.status}/{v.reasons}: {v.message}"

@@ -226,3 +226,21 @@ def test_a_deep_train_mode_cnn_compiled_is_correct_and_bf16_is_not(tmp_path):
     v = evaluate(task, bf16, **opts)
     assert v.status == "incorrect" and v.reasons in (["value_mismatch"], ["precision_downgrade"]), \
         f"{v.status}/{v.reasons}: {v.message[:2000]}"
+
+
+@pytest.mark.parametrize("pidns", ["auto", "off"])
+def test_gpu_candidate_in_its_own_pid_namespace(pidns, cuda_cold_and_warm, monkeypatch):
+    """The candidate's side in a PID namespace of its own (`judge.isolation`, with its own /proc: CUDA fails to
+    initialise without it) against the same job without one: the inline CUDA extension (built by the module's
+    first evaluation, in the default setting) and the judge's arenas through CUDA IPC work inside, both processes
+    of `processes` = 2 pass their trials and are timed, and the verdict names the fencing."""
+    from kernelcraft.judge.process import isolation
+
+    monkeypatch.setenv(isolation.PIDNS_SWITCH, pidns)
+    kind = isolation.probe_namespace()[0]
+    if pidns == "auto" and kind is None:
+        pytest.skip(f"no PID namespace for a candidate on this host: {isolation.probe_namespace()[1]}")
+    v = evaluate(TASK, CUDA_CAND, processes=2, **OPTS)
+    assert_correct_with_timing(v, f"gpu_cuda_add_relu, {isolation.PIDNS_SWITCH}={pidns}")
+    assert v.timing.processes == 2 and len(v.timing.process_speedups) == 2
+    assert v.env.isolation["candidate"]["pid_namespace"] == (kind if pidns == "auto" else None), v.env.isolation

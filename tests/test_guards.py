@@ -16,6 +16,9 @@ screen:  on   = run with the static screen only (only the screen can catch it);
 Optional keys: `off: EXPECT` (a different expectation with screen=False), `mode: open|strict`,
 `module_mode: train|eval` (the protocol's module mode, default train),
 `timing: on|off` (default on), `budget: S` (time_budget_s, default 0.5),
+`no_pidns: EXPECT` (the fixture is run once more with KERNELCRAFT_PIDNS=0, the candidate in the judge's own PID
+namespace, and must get EXPECT there; a verdict that says the candidate had no namespace of its own is held to it
+too: the second layer, the seccomp filter and the audits, must deny what the namespace makes impossible),
 `remeasure: X` (remeasure_above; default evaluate's 3.0),
 `min_speedup: X`, `guards: a,b` (guards that must be listed), `trials: N`,
 `static: flagged|dodges|clean|any` (what the AST screen alone must say, checked in test_screen.py: flagged =
@@ -27,14 +30,16 @@ GPU fixtures (`gpu_*.py` hacks, `guard_gpu_*.py` legit) are run by test_gpu_guar
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
 from kernelcraft.evaluate import check_task, evaluate
+from kernelcraft.judge.process.isolation import PIDNS_SWITCH
 from kernelcraft.verdict import REASONS
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -83,6 +88,8 @@ class Spec:
     device: str
     screen: str
     expect_off: Expect | None = None
+    expect_no_pidns: Expect | None = None
+    pidns: bool = True  # False: run with KERNELCRAFT_PIDNS=0 (the `no_pidns` case)
     mode: str = "open"
     module_mode: str = "train"
     timing: bool = True
@@ -104,7 +111,10 @@ class Spec:
     def screens(self) -> list[bool]:
         return {"on": [True], "off": [False], "both": [True, False]}[self.screen]
 
-    def expectation(self, screen: bool) -> Expect:
+    def expectation(self, screen: bool, namespaced: bool = True) -> Expect:
+        """What the verdict must be: `namespaced` says whether the candidate had a PID namespace of its own."""
+        if not namespaced and self.expect_no_pidns is not None:
+            return self.expect_no_pidns
         return self.expect_off if (not screen and self.expect_off is not None) else self.expect
 
 
@@ -129,7 +139,7 @@ def parse_header(path: Path) -> Spec:
     if not task.is_file():
         raise ValueError(f"{path.name}: task file {task} not found")
     known = {"expect", "task", "device", "screen", "off", "mode", "timing", "remeasure", "min_speedup",
-             "guards", "trials", "static", "budget", "module_mode", "processes"}
+             "guards", "trials", "static", "budget", "module_mode", "processes", "no_pidns"}
     unknown = set(kv) - known
     if unknown or flags - {"slow"}:
         raise ValueError(f"{path.name}: unknown header keys {sorted(unknown | (flags - {'slow'}))}")
@@ -138,6 +148,7 @@ def parse_header(path: Path) -> Spec:
     return Spec(
         path=path, expect=Expect.parse(kv["expect"]), task=task, device=kv["device"], screen=kv["screen"],
         expect_off=Expect.parse(kv["off"]) if "off" in kv else None,
+        expect_no_pidns=Expect.parse(kv["no_pidns"]) if "no_pidns" in kv else None,
         mode=kv.get("mode", "open"), module_mode=kv.get("module_mode", "train"),
         timing=kv.get("timing", "on") == "on",
         remeasure=float(kv["remeasure"]) if "remeasure" in kv else 3.0,
@@ -163,22 +174,45 @@ def all_guard_fixtures() -> list[Path]:
 
 
 def cases(files: list[Path]) -> list:
-    """One pytest param per (fixture, screen setting), marked slow where the fixture says so."""
+    """One pytest param per (fixture, screen setting), and one more without a PID namespace where the fixture names
+    what it must get there (`no_pidns`), marked slow where the fixture says so."""
     out = []
     for f in files:
         spec = parse_header(f)
+        marks = [pytest.mark.slow] if spec.slow else []
         for scr in spec.screens:
-            marks = [pytest.mark.slow] if spec.slow else []
             out.append(pytest.param(spec, scr, id=f"{f.stem}-screen_{'on' if scr else 'off'}", marks=marks))
+        if spec.expect_no_pidns is not None:
+            scr = spec.screens[-1]
+            out.append(pytest.param(replace(spec, pidns=False), scr,
+                                    id=f"{f.stem}-screen_{'on' if scr else 'off'}-no_pidns", marks=marks))
     return out
 
 
 # -- running and judging --------------------------------------------------------------------------------------
 def run_fixture(spec: Spec, screen: bool, device: str, cache_dir=None):
-    return evaluate(spec.task, spec.path, device=device, mode=spec.mode, module_mode=spec.module_mode,
-                    screen=screen, timing=spec.timing,
-                    time_budget_s=spec.budget, trials=spec.trials, remeasure_above=spec.remeasure,
-                    processes=spec.processes, cache_dir=cache_dir)
+    saved = os.environ.get(PIDNS_SWITCH)
+    if not spec.pidns:
+        os.environ[PIDNS_SWITCH] = "off"  # the workers inherit it (a forked one from its request's environment)
+    try:
+        v = evaluate(spec.task, spec.path, device=device, mode=spec.mode, module_mode=spec.module_mode,
+                     screen=screen, timing=spec.timing,
+                     time_budget_s=spec.budget, trials=spec.trials, remeasure_above=spec.remeasure,
+                     processes=spec.processes, cache_dir=cache_dir)
+    finally:
+        if saved is None:
+            os.environ.pop(PIDNS_SWITCH, None)
+        else:
+            os.environ[PIDNS_SWITCH] = saved
+    if not spec.pidns:
+        assert not namespaced(v), f"{spec.name}: {PIDNS_SWITCH}=off, yet the candidate had a PID namespace"
+    return v
+
+
+def namespaced(v) -> bool:
+    """Did the candidate have a PID namespace of its own (the verdict's env.isolation says)?"""
+    iso = (v.env.isolation if v.env else None) or {}
+    return bool((iso.get("candidate") or {}).get("pid_namespace"))
 
 
 def describe(v) -> str:
@@ -214,7 +248,7 @@ def check_verdict(v, expect: Expect, spec: Spec) -> None:
 @pytest.mark.parametrize("spec,screen", cases(hack_files("cpu")))
 def test_hack_denied(spec: Spec, screen: bool, cache_dir):
     v = run_fixture(spec, screen, "cpu", cache_dir)
-    expect = spec.expectation(screen)
+    expect = spec.expectation(screen, namespaced(v))
     if expect.status is None and _shows_gain(v, expect):
         # a no-gain hack must not gain systematically: one run on a loaded 2-core host can read 2.4x within-run on
         # ~1 ms calls (its reported interval, 0.16-130x, said "host too noisy"); a real gain shows again
@@ -297,6 +331,14 @@ def test_header_parser_rejects_malformed(tmp_path):
     spec = parse_header(ok)
     assert spec.expect == Expect(None, (), 1.5) and spec.expectation(False) == Expect("incorrect", ("value_mismatch",))
     assert spec.remeasure == 0.5 and spec.slow and spec.screens == [True, False]
+    assert spec.expect_no_pidns is None and len(cases([ok])) == 2
+    ok.write_text("# expect: correct | task: guard_slow.py | device: cpu | screen: off | no_pidns: rejected "
+                  "peer_tampering\n# why\n")
+    spec = parse_header(ok)
+    assert spec.expectation(False) == Expect("correct")
+    assert spec.expectation(False, namespaced=False) == Expect("rejected", ("peer_tampering",))
+    (plain, _), (fallback, _) = (c.values for c in cases([ok]))
+    assert plain.pidns and not fallback.pidns
 
 
 # -- in-process unit tests of the runtime guards (no worker) ------------------------------------------------------

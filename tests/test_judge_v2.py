@@ -4,6 +4,7 @@ record a verdict carries. (The attacks themselves are fixtures: tests/fixtures/h
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import platform
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import recorded_pid
 import torch
 
 from kernelcraft.evaluate import evaluate
@@ -50,9 +52,18 @@ def test_seccomp_filter_fences_off_protected_pids():
             if not isolation.install_filter([parent, bystander]):
                 return 10
             results = []
+            nr = NR[platform.machine()]
+            info = ctypes.create_string_buffer(128)
+            ctypes.memmove(info, (ctypes.c_int * 3)(signal.SIGUSR1, 0, -1), 12)  # si_code SI_QUEUE
             for call in (lambda: os.kill(parent, 0), lambda: os.kill(bystander, 0), lambda: os.kill(-1, 0),
                          lambda: os.sched_setaffinity(bystander, {0}), lambda: os.setsid(),
-                         lambda: os.setpriority(os.PRIO_PROCESS, bystander, 19)):
+                         lambda: os.setpriority(os.PRIO_PROCESS, bystander, 19),
+                         lambda: os.setpriority(os.PRIO_USER, 4242424, 19),  # a whole user's (none: ESRCH)
+                         lambda: _syscall(nr["rt_sigqueueinfo"], bystander, signal.SIGUSR1, info),
+                         lambda: _syscall(nr["rt_tgsigqueueinfo"], bystander, bystander, signal.SIGUSR1, info),
+                         lambda: _syscall(nr["tgkill"], bystander, bystander, 0),
+                         lambda: _syscall(nr["kcmp"], os.getpid(), bystander, 0, 0, 0),
+                         lambda: _syscall(nr["umount2"], b"/kc-no-such-mount-point", 0)):  # (else ENOENT)
                 try:
                     call()
                     results.append(False)
@@ -84,6 +95,19 @@ def test_seccomp_filter_fences_off_protected_pids():
     finally:
         os.kill(bystander, signal.SIGKILL)
         os.waitpid(bystander, 0)
+
+
+NR = {"x86_64": {"rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "tgkill": 234, "kcmp": 312, "umount2": 166},
+      "aarch64": {"rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "tgkill": 131, "kcmp": 272, "umount2": 39}}
+
+
+def _syscall(nr: int, *args) -> int:
+    """A raw system call; OSError (PermissionError for EPERM) on failure, as os.* calls raise."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(nr, *args) == -1:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e)) if e != errno.EPERM else PermissionError(e, os.strerror(e))
+    return 0
 
 
 def test_freeze_and_thaw_a_child():
@@ -304,19 +328,20 @@ def test_candidate_processes_are_timed_interleaved(tmp_path):
     cand = "import os\n" + task.read_text().replace("class Model(", "class ModelNew(").replace(
         "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n",
         "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
-        f"        open({str(log)!r}, 'a').write(f'{{os.getpid()}}\\n')\n")
+        # each process's PID namespace and pid there (tests/recorded_pid.py): which process made each call
+        f"        open({str(log)!r}, 'a').write(os.readlink('/proc/self/ns/pid') + f' {{os.getpid()}}\\n')\n")
     assert "getpid" in cand
     v = evaluate(str(task), cand, device="cpu", processes=2, time_budget_s=0.5, remeasure_above=None,
                  cache_dir=tmp_path / "cache")
     assert v.status == "correct", v.message
     assert v.timing.processes == 2 and len(v.timing.process_speedups) == 2
-    pids = [int(x) for x in log.read_text().split()]
+    pids = log.read_text().splitlines()
     first, second = pids[0], next(p for p in pids if p != pids[0])
     timed = pids[pids.index(second) + 1:]  # after the sibling's own trial
     switches = sum(1 for a, b in zip(timed, timed[1:]) if a != b)
     assert {first, second} <= set(timed) and switches >= 10, (len(timed), switches)
-    for pid in (first, second):
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+    for record in (first, second):
+        assert recorded_pid.host_pid(record) is None, f"candidate process {record} outlived its job"
 
 
 def test_timing_spans_fresh_candidate_processes(tmp_path):
@@ -383,3 +408,133 @@ def test_a_reference_out_of_memory_is_the_tasks_only_before_it_has_run_once(tmp_
     v = evaluate(task, FIXTURES / "legit" / "torch_elementwise.py", device="cpu", timing=False, cache_dir=tmp_path)
     assert v.status == "runtime_error" and v.reasons == [reason], (v.status, v.reasons, v.message)
     assert "out of memory" in v.message
+
+
+def test_audit_reads_signals_pending_for_the_reference_and_a_reniced_session():
+    """The reference holds the signals only another process sends blocked (`isolation.held_signals`): one sent to it
+    by thread id stays pending, and the audit names it; so does a renice of its session's autogroup."""
+    def judge():
+        r, w = os.pipe()
+        ref = os.fork()
+        if ref == 0:
+            os.setsid()  # a session (and autogroup) of its own, as a side has
+            signal.pthread_sigmask(signal.SIG_BLOCK, isolation.held_signals())
+            os.write(w, b"x")
+            time.sleep(30)
+            os._exit(0)
+        os.read(r, 1)
+        audit = isolation.Audit(os.getpid(), {"reference": ref})
+        try:
+            if audit.problems():
+                return 10
+            _syscall({"x86_64": 200, "aarch64": 130}[platform.machine()], ref, int(signal.SIGRTMIN) + 3)  # tkill
+            found = audit.problems()
+            if not (found and "signals were sent to the reference" in found[0] and "SIGRTMIN+3" in found[0]):
+                return 11
+            if isolation.reference_tampering(os.getpid(), ref) != found:  # what keeps a warm reference from reuse
+                return 12
+            if os.path.exists(f"/proc/{ref}/autogroup"):
+                with open(f"/proc/{ref}/autogroup", "w") as f:
+                    f.write("19")
+                if not any("autogroup" in f for f in audit.problems()):
+                    return 13
+            return 0
+        finally:
+            os.kill(ref, signal.SIGKILL)
+            os.waitpid(ref, 0)
+
+    assert _in_child(judge) == 0
+
+
+def _namespace_or_skip() -> str:
+    kind, note = isolation.probe_namespace()
+    if kind is None:
+        pytest.skip(f"no PID namespace for a candidate here: {note}")
+    return kind
+
+
+def _nspid(pid: int) -> list[str]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(ln.split(":", 1)[1].split() for ln in status.splitlines() if ln.startswith("NSpid"))
+
+
+def test_candidate_side_lives_in_a_pid_namespace_of_its_own(tmp_path):
+    """A candidate side from the forker: the second process of a PID namespace whose pid 1 is the forker's init, the
+    judge's child all the same (frozen and thawed as before); inside, /proc shows that namespace only and no pid
+    of the judge names anything; an orphan it leaves is adopted by the init, where the audit sees it; ending the
+    side ends the namespace."""
+    from kernelcraft.judge.process.forker import Forker
+    from kernelcraft.judge.tripwires.guards import Reject
+    from kernelcraft.judge.process.sideproc import SideProc, end_candidate
+
+    kind = _namespace_or_skip()
+    report = tmp_path / "seen.json"
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import json, os, time\n"
+        "seen = {'pid': os.getpid(), 'ppid': os.getppid(), 'procs': sorted(int(p) for p in os.listdir('/proc')"
+        " if p.isdigit())}\n"
+        "for name, call in (('kill', lambda: os.kill(JUDGE, 0)), ('affinity', lambda: os.sched_getaffinity(JUDGE))):\n"
+        "    try:\n        call()\n        seen[name] = 'reached'\n"
+        "    except OSError as e:\n        seen[name] = e.errno\n"
+        "if os.fork() == 0:\n    if os.fork() == 0:\n        time.sleep(30)\n    os._exit(0)\n"
+        "os.wait()\n"
+        f"open({str(report)!r}, 'w').write(json.dumps(seen))\n")
+
+    def judge():
+        isolation.harden_judge()
+        forker = Forker.start(close=[])
+        side = None
+        try:
+            probe.write_text(probe.read_text().replace("JUDGE", str(os.getpid())))
+            side = SideProc.from_forker(forker, cwd=str(tmp_path), log_path=None, tag=None, protected=[os.getpid()])
+            hello = side.request({"cmd": "hello"})["hardening"]
+            if hello.get("pid_namespace") != kind or not hello["seccomp"] == SECCOMP:
+                return 10
+            if side.namespace != kind or _nspid(side.init_pid)[-1] != "1" or len(_nspid(side.pid)) != 2:
+                return 11
+            try:
+                side.request(dict(cmd="import", path=str(probe), device="cpu", cache_dir=str(tmp_path / "cache")))
+            except Reject:  # no ModelNew: the probe ran at import
+                pass
+            seen = json.loads(report.read_text())
+            if seen["pid"] != int(_nspid(side.pid)[-1]) or seen["ppid"] != 0 or 1 not in seen["procs"]:
+                return 12
+            if set(seen["procs"]) != {1, seen["pid"]} or "reached" in seen.values():
+                return 13
+            audit = isolation.Audit(os.getpid(), {"reference": forker.pid, "candidate": side.pid},
+                                    {side.pid: side.init_pid})
+            orphans = [f for f in audit.problems() if "detached" in f]
+            if not orphans:
+                return 14
+            side.freeze()
+            if not isolation.running_threads(side.pid) == []:
+                return 15
+            side.thaw()
+            inside = [side.pid, side.init_pid] + isolation.children(side.init_pid)
+            end_candidate(side, keep={forker.pid})
+            side = None
+            time.sleep(0.2)
+            if any(Path(f"/proc/{p}").exists() for p in inside):
+                return 16
+            return 0
+        finally:
+            if side is not None:
+                end_candidate(side, keep={forker.pid})
+            forker.close()
+            os.kill(forker.pid, signal.SIGKILL)
+            os.waitpid(forker.pid, 0)
+
+    assert _in_child(judge) == 0
+
+
+def test_the_pid_namespace_setting_is_checked(monkeypatch):
+    for value, kinds in (("", ("pid", "user")), ("auto", ("pid", "user")), ("off", ()), ("0", ()), ("user", ("user",))):
+        monkeypatch.setenv(isolation.PIDNS_SWITCH, value)
+        assert isolation.namespace_kinds() == kinds
+    monkeypatch.setenv(isolation.PIDNS_SWITCH, "yes please")
+    with pytest.raises(ValueError, match="KERNELCRAFT_PIDNS"):
+        isolation.namespace_kinds()
+    assert "KERNELCRAFT_PIDNS" in isolation.describe()["pid_namespace"]
+    monkeypatch.setenv(isolation.PIDNS_SWITCH, "off")
+    assert isolation.probe_namespace() == (None, "KERNELCRAFT_PIDNS=off")

@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+import recorded_pid
 import torch
 
 from kernelcraft.evaluate import evaluate
@@ -38,9 +39,10 @@ CRASH = MIRROR.replace("        return torch.tanh", "        import os\n        
 DAEMON = MIRROR.replace("        return torch.tanh", '''        import os, time
         if not getattr(ModelNew, "_spawned", False):
             ModelNew._spawned = True
-            if os.fork() == 0:          # a grandchild that outlives its parent: adopted by the judge
+            if os.fork() == 0:          # a grandchild that outlives its parent: adopted (judge or namespace init)
                 if os.fork() == 0:
-                    open(os.environ["KC_TEST_PIDFILE"], "w").write(str(os.getpid()))
+                    rec = os.readlink("/proc/self/ns/pid") + " " + str(os.getpid())  # (tests/recorded_pid.py)
+                    open(os.environ["KC_TEST_PIDFILE"], "w").write(rec)
                     time.sleep(120)
                 os._exit(0)
         return torch.tanh''')
@@ -100,11 +102,12 @@ def test_processes_a_candidate_left_behind_are_gone_before_the_next_candidate(tm
     while not pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert pidfile.exists()
-    pid = int(pidfile.read_text())
+    record = pidfile.read_text()
+    recorded_pid.parse(record)
     deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
+    while recorded_pid.host_pid(record) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid), "the candidate's orphan outlived its evaluation"
+    assert recorded_pid.host_pid(record) is None, "the candidate's orphan outlived its evaluation"
     nxt = _eval(TASK, MIRROR + "\n# next\n", screen=False)
     assert nxt.status == "correct", nxt.message
 
@@ -233,18 +236,6 @@ def test_a_job_crowded_out_of_device_memory_by_idle_judges_runs_again(monkeypatc
         "status": "runtime_error", "reasons": ["exception"], "message": "RuntimeError: out of memory (says who?)"}))
     assert runner._out_of_memory(runner.WorkerOutcome(result={
         "status": "runtime_error", "reasons": ["task_error"], "message": "the reference failed: out of memory"}))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_reset_restores_the_reference_as_constructed(tmp_path):

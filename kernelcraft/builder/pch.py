@@ -43,6 +43,7 @@ import hashlib
 import inspect
 import os
 import re
+import secrets
 import shlex
 import subprocess
 import sys
@@ -144,7 +145,7 @@ def _key_dir(root, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: d
     if write and not (d / "command").exists():
         d.mkdir(parents=True, exist_ok=True)
         for name, content in ((HEADER, text), ("command", cmd + "\n")):  # the header first: `command` = ready
-            tmp = d / f"{name}.{os.getpid()}"
+            tmp = d / f"{name}.{os.getpid()}.{secrets.token_hex(4)}"  # pids repeat across PID namespaces
             tmp.write_text(content)
             os.replace(tmp, d / name)
     return d

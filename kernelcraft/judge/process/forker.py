@@ -7,13 +7,20 @@ Design decisions
   reference side stays alive across jobs; every candidate gets a fresh side from here.
 - The side is the judge's child. The forker double-forks: the intermediate exits at once and the side is
   re-parented to the nearest child subreaper, the judge (`isolation.harden_judge`), which can then freeze it
-  and confirm with waitpid as it does any side. The side waits for that re-parenting before it arms its
-  parent-death signal (armed earlier, the intermediate's exit would kill it).
+  and confirm with waitpid as it does any side. Once the forker has reaped the intermediate (re-parenting is done
+  by then) it says so on a pipe, and only then does the side arm its parent-death signal (armed earlier, the
+  intermediate's exit would kill it). A pipe, not getppid(): inside a namespace the parent has no pid.
+- Every candidate side gets a PID namespace of its own where the host allows one (`isolation`: probed once, when
+  the forker starts). The intermediate unshares, forks the namespace's pid 1 (`isolation.namespace_init`: it mounts
+  the namespace's /proc and then only reaps) and then the side, the namespace's second process: both are
+  re-parented to the judge. The judge gets the init's pid with the side's (`SideProc.init_pid`): killing it ends
+  the namespace. Inside, the side's seccomp filter protects the init (pid 1); the judge's pids mean nothing there.
 - Nothing secret passes through here. The forker was forked before the judge read its first job, and a
   request carries only what the side's process needs to look like a fresh worker of that job: its working
   directory, its log file (stdout and stderr: the runner reads this job's log for a crash's tail), the
   job's worker tag (processes the candidate execs carry it, so the runner's `kill_tagged` finds them) and the
-  pids the side's seccomp filter must protect. The judge's end of the side's wire comes back by SCM_RIGHTS.
+  pids the side's seccomp filter must protect where it has no namespace. The judge's end of the side's wire
+  comes back by SCM_RIGHTS.
 - Same process shape as a first-job side: own session, stdin and the judge's descriptors closed, `side.serve`.
 """
 from __future__ import annotations
@@ -21,13 +28,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 
 from kernelcraft.judge.process import isolation, side as side_mod
 from kernelcraft.judge.process.procs import WORKER_TAG_VAR
 
 MAX_REQUEST = 1 << 16
-REPARENT_WAIT_S = 5.0
 
 
 class Forker:
@@ -50,15 +55,21 @@ class Forker:
                         os.close(fd)
                     except OSError:
                         pass
-                _serve(theirs)
+                try:
+                    namespace = isolation.probe_namespace()
+                except ValueError as e:  # a bad KERNELCRAFT_PIDNS: every request says so
+                    namespace = e
+                _serve(theirs, namespace)
             finally:
                 os._exit(0)
         theirs.close()
         return cls(pid, mine)
 
     def candidate(self, *, cwd: str, log_path: str | None, tag: str | None, protected: list[int],
-                  close_in_side: list[int]) -> tuple[int, socket.socket]:
-        """A fresh candidate side: (its pid, the judge's end of its wire). Raises OSError if the forker is gone."""
+                  close_in_side: list[int]) -> tuple[int, socket.socket, dict]:
+        """A fresh candidate side: (its pid, the judge's end of its wire, its namespace: {"init": the pid of its
+        pid 1 or None, "kind": "pid", "user" or None, "note": why not, or what failed first}). Raises OSError if
+        the forker is gone or could not make the side."""
         req = dict(cwd=cwd, log=log_path, tag=tag, protected=protected, close=close_in_side)
         self.sock.sendall(json.dumps(req).encode())
         msg, fds, _, _ = socket.recv_fds(self.sock, MAX_REQUEST, 1)
@@ -69,7 +80,7 @@ class Forker:
             for fd in fds:
                 os.close(fd)
             raise OSError(f"the forker could not start a side: {reply['error']}")
-        return int(reply["pid"]), socket.socket(fileno=fds[0])
+        return int(reply["pid"]), socket.socket(fileno=fds[0]), reply["namespace"]
 
     def close(self) -> None:
         try:
@@ -78,9 +89,9 @@ class Forker:
             pass
 
 
-def _serve(sock: socket.socket) -> None:
-    """The forker's loop: one request, one side. Ends when the judge closes its end."""
-    judge = os.getppid()
+def _serve(sock: socket.socket, namespace: tuple[str | None, str] | ValueError) -> None:
+    """The forker's loop: one request, one side. Ends when the judge closes its end. `namespace`: what
+    `isolation.probe_namespace` found (the kind to make, and a note), or the error in its setting."""
     while True:
         try:
             raw = sock.recv(MAX_REQUEST)
@@ -89,9 +100,13 @@ def _serve(sock: socket.socket) -> None:
         if not raw:
             return
         try:
+            if isinstance(namespace, ValueError):
+                raise namespace
             req = json.loads(raw)
-            pid, judge_end = _fork_side(req, judge, sock.fileno())
-            socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [judge_end.fileno()])
+            kind, note = namespace
+            pid, init, judge_end = _fork_side(req, sock.fileno(), kind, note)
+            ns = {"init": init, "kind": kind, "note": note}
+            socket.send_fds(sock, [json.dumps({"pid": pid, "namespace": ns}).encode()], [judge_end.fileno()])
             judge_end.close()
         except Exception as e:  # noqa: BLE001 - the judge turns this into a harness error
             r, w = os.pipe()  # a descriptor must travel with every reply (the judge reads one)
@@ -102,39 +117,85 @@ def _serve(sock: socket.socket) -> None:
                 os.close(r)
 
 
-def _fork_side(req: dict, judge: int, ctl_fd: int) -> tuple[int, socket.socket]:
+def _fork_side(req: dict, ctl_fd: int, kind: str | None, note: str) -> tuple[int, int | None, socket.socket]:
+    """(the side's pid, its namespace init's pid or None, the judge's end of its wire)."""
     judge_end, side_end = socket.socketpair()
     pid_r, pid_w = os.pipe()
+    go_r, go_w = os.pipe()  # re-parenting done: one byte for the side, one for the namespace's init
     mid = os.fork()
-    if mid == 0:  # the intermediate: fork the side, report its pid, exit (the side goes to the judge)
+    if mid == 0:  # the intermediate: (a namespace and its init,) the side, report both pids, exit
         try:
             os.close(pid_r)
+            os.close(go_w)
+            init = 0
+            if kind:
+                isolation.unshare_namespace(kind)
+                init = _start_init(go_r, close=[ctl_fd, judge_end.fileno(), side_end.fileno(), pid_w])
             pid = os.fork()
             if pid == 0:
                 os.close(pid_w)
-                _become_side(req, side_end, judge, close=[ctl_fd, judge_end.fileno()])
-            os.write(pid_w, str(pid).encode())
+                _become_side(req, side_end, go_r, {"kind": kind, "note": note} if kind or note else None,
+                             close=[ctl_fd, judge_end.fileno()])
+            os.write(pid_w, f"{pid} {init}".encode())
+        except BaseException as e:  # noqa: BLE001 - the judge turns this into a harness error
+            os.write(pid_w, f"error {e}".encode()[:500])
         finally:
             os._exit(0)
     os.close(pid_w)
+    os.close(go_r)
     side_end.close()
     with os.fdopen(pid_r, "rb") as f:
-        text = f.read()
-    os.waitpid(mid, 0)
-    if not text:
+        text = f.read().decode(errors="replace")
+    os.waitpid(mid, 0)  # the intermediate is reaped: its children are the judge's now
+    try:
+        os.write(go_w, b"gg")
+    except OSError:
+        pass  # nobody reads: the side died, which its first request will say
+    finally:
+        os.close(go_w)
+    if not text or text.startswith("error"):
         judge_end.close()
-        raise OSError("the intermediate process died before forking the side")
-    return int(text), judge_end
+        raise OSError(text.removeprefix("error ") or "the intermediate process died before forking the side")
+    pid, init = (int(x) for x in text.split())
+    return pid, init or None, judge_end
 
 
-def _become_side(req: dict, sock: socket.socket, judge: int, close: list[int]) -> None:
+def _start_init(go_fd: int, close: list[int]) -> int:
+    """In the intermediate, after `isolation.unshare_namespace`: fork the namespace's pid 1, wait until it has set
+    the namespace up, return its pid. Raises OSError with the init's reason if it could not."""
+    r, w = os.pipe()
+    init = os.fork()
+    if init == 0:
+        try:
+            os.close(r)
+            for fd in close:
+                os.close(fd)
+            try:
+                isolation.setup_namespace()
+            except OSError as e:
+                os.write(w, str(e).encode()[:400])
+                os._exit(0)
+            os.write(w, b"ok")
+            os.close(w)
+            isolation.namespace_init(go_fd)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode(errors="replace")
+    if said != "ok":
+        os.waitpid(init, 0)
+        raise OSError(f"the candidate's PID namespace could not be set up: {said or 'its init died'}")
+    return init
+
+
+def _become_side(req: dict, sock: socket.socket, go_fd: int, namespace: dict | None, close: list[int]) -> None:
     try:
         os.setsid()
-        deadline = time.monotonic() + REPARENT_WAIT_S
-        while os.getppid() != judge:  # until the intermediate has exited and the judge adopted us
-            if time.monotonic() > deadline:
-                os._exit(70)
-            time.sleep(0.0005)
+        got = os.read(go_fd, 1)  # until the intermediate has exited and the judge adopted us
+        os.close(go_fd)
+        if not got:
+            os._exit(70)
         for fd in [*close, *req.get("close", [])]:
             try:
                 os.close(fd)
@@ -148,6 +209,8 @@ def _become_side(req: dict, sock: socket.socket, judge: int, close: list[int]) -
         os.chdir(req["cwd"])
         if req.get("tag"):
             os.environ[WORKER_TAG_VAR] = req["tag"]
-        side_mod.serve("candidate", sock, [int(p) for p in req["protected"]])
+        # in a namespace the judge's pids name nothing (or another process): its init is what there is to protect
+        protected = [1] if namespace and namespace.get("kind") else [int(p) for p in req["protected"]]
+        side_mod.serve("candidate", sock, protected, namespace)
     finally:
         os._exit(0)

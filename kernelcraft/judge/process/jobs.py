@@ -11,10 +11,12 @@ Design decisions
   side, and everything the last candidate left among the judge's children is killed before the result goes
   out.
 - A job is not kept when its verdict puts the reference or the judge in doubt (`NOT_REUSABLE`: task or
-  harness errors, tampering with a peer), on a timeout, or when the reference or the forker died: the judge
-  then kills both and exits after sending the result, as a one-shot worker does. Nor when its task's inputs
-  and outputs take more than `WARM_MAX_SHARE` of the GPU (`worth_keeping`): its arenas would crowd the jobs
-  that share the GPU.
+  harness errors, tampering with a peer), on a timeout, when the reference or the forker died, or when the
+  reference still shows what a candidate did to it whatever the verdict (`isolation.reference_tampering`: a wrong
+  answer is judged before any audit, and the next candidate must not be blamed for signals left pending or threads
+  re-scheduled): the judge then kills both and exits after sending the result, as a one-shot worker does. Nor
+  when its task's inputs and outputs take more than `WARM_MAX_SHARE` of the GPU (`worth_keeping`): its arenas
+  would crowd the jobs that share the GPU.
 - The device lock is released at the end of every job (`Evaluation.hand_over_lock`), not at process exit, and only
   after the job's device memory went back (the candidate's side reaped, the judge's and a kept reference's cached
   blocks freed): on KernelBench's 6 GiB-input tasks the next job otherwise met the last one's memory.
@@ -162,7 +164,7 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
     keep = None
     if (job.get("warm") and isinstance(ev, evaluation_cls) and ev.ready is not None and out["status"] != "timeout"
             and not NOT_REUSABLE & set(out["reasons"]) and _alive(ref.pid) and _alive(forker.pid)
-            and worth_keeping(ev)):
+            and worth_keeping(ev) and not isolation.reference_tampering(os.getpid(), ref.pid)):
         keep = ev.ready
     out["warm"] = {"kept": keep is not None, "pids": [os.getpid(), ref.pid, forker.pid] if keep else []}
     if keep is None:

@@ -408,9 +408,10 @@ def _is_tensor(o) -> bool:
     return issubclass(type(o), torch.Tensor)
 
 
-def serve(role: str, sock, protected: list[int]) -> None:
-    """The side's main loop (never returns: the process exits when the judge closes the wire)."""
-    hardening = isolation.harden_side(role, protected)
+def serve(role: str, sock, protected: list[int], namespace: dict | None = None) -> None:
+    """The side's main loop (never returns: the process exits when the judge closes the wire). `namespace`: the
+    candidate's PID namespace, as the forker made it (`isolation.harden_side`)."""
+    hardening = isolation.harden_side(role, protected, namespace)
     hardening["fixed_heap"] = heap.fix()  # both roles' malloc thresholds, before any model exists (judge/process/heap.py)
     end = SideEnd(sock)
     side = Side(role)

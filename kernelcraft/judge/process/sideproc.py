@@ -52,6 +52,8 @@ class SideProc:
         self.phase = "start"
         self.build_s = 0.0
         self.ran = False  # the reference: has run a forward at the task's size (its `describe`, or a warm judge's)
+        self.init_pid: int | None = None  # a candidate in a PID namespace of its own: that namespace's pid 1
+        self.namespace: str | None = None  # its kind (`isolation`), None without one
 
     @classmethod
     def fork(cls, role: str, protected: list[int], close: list[int]) -> "SideProc":
@@ -77,9 +79,12 @@ class SideProc:
     @classmethod
     def from_forker(cls, forker, *, cwd: str, log_path: str | None, tag: str | None,
                     protected: list[int]) -> "SideProc":
-        """A candidate side made by the judge's CUDA-free forker (`forker`): the judge's child all the same."""
-        pid, sock = forker.candidate(cwd=cwd, log_path=log_path, tag=tag, protected=protected, close_in_side=[])
-        return cls("candidate", pid, sock, log_path)
+        """A candidate side made by the judge's CUDA-free forker (`forker`): the judge's child all the same, in a
+        PID namespace of its own where the host allows one."""
+        pid, sock, ns = forker.candidate(cwd=cwd, log_path=log_path, tag=tag, protected=protected, close_in_side=[])
+        side = cls("candidate", pid, sock, log_path)
+        side.init_pid, side.namespace = ns.get("init"), ns.get("kind")
+        return side
 
     def freeze(self) -> None:
         if not self.frozen:
@@ -171,21 +176,25 @@ def _log_tail(path: str | None = None, lines: int = 25, max_chars: int = 3000) -
 
 def end_candidate(side: "SideProc | None", keep: set[int], wait_s: float = 2.0) -> None:
     """A candidate side and everything it started, killed and reaped (the end of a job, or a timing block's
-    replaced process). What it started is re-parented to the judge (a child subreaper) when it dies — an honest
+    replaced process). In a PID namespace of its own, killing the namespace's init ends every process in it.
+    Without one, what it started is re-parented to the judge (a child subreaper) when it dies — an honest
     torch.compile's worker pool, or orphans a cheat detached — so the judge's children outside `keep` (its
-    reference side and forker) are killed with their descendants and reaped until none is left: a later audit
-    must not find them, and a warm judge must not carry them into the next candidate's job."""
+    reference side and forker, and a kept candidate's namespace init) are killed with their descendants and reaped
+    until none is left: a later audit must not find them, and a warm judge must not carry them into the next
+    candidate's job."""
     if side is not None:
-        doomed = [side.pid] + descendants(side.pid)
+        doomed = [side.pid] + descendants(side.pid) + ([side.init_pid] if side.init_pid else [])
         try:
             os.killpg(side.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         _kill_all(doomed)
-        try:
-            os.waitpid(side.pid, 0)
-        except ChildProcessError:
-            pass
+        for pid in (side.pid, side.init_pid):
+            try:
+                if pid:
+                    os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
     deadline = time.monotonic() + wait_s
     while True:
         left = [pid for pid in children(os.getpid()) if pid not in keep]

@@ -143,7 +143,8 @@ class Evaluation:
         known = {s.role: s.pid for s in (self.ref, self.cand)}
         if self.forker_pid:
             known["forker"] = self.forker_pid  # the judge's other child: not an orphan the candidate left
-        self.audit = isolation.Audit(os.getpid(), known)
+        inits = {self.cand.pid: self.cand.init_pid} if self.cand.init_pid else {}  # its PID namespace's pid 1
+        self.audit = isolation.Audit(os.getpid(), known, inits)
         self.enter("check")
         accepted = trials.run_trials(self)  # the correctness trials, and the rule they hand on (judge/correctness/acceptance.py)
         self._audit()

@@ -24,10 +24,10 @@ Design decisions
   each group, every thread read back from /proc): it cost ~0.05 ms per process per sample and biased a
   channels-last CNN's speedup from 1.07x to 0.93x on the 2-core host. The read-back stays as an audit
   (`check_stopped`, at the judge's random audit rounds), off the clock.
-- When timing ends the siblings are killed and reaped with what they started (`sideproc.end_candidate`), so
-  the audit after timing does not find their children re-parented to the judge; the first process stays for
-  the weights check. A job that fails mid-way loses its siblings with the rest of the candidate's processes
-  at the job's end.
+- When timing ends the siblings are killed and reaped with what they started (`sideproc.end_candidate`; with its
+  namespace, where it has one), so the audit after timing does not find their children re-parented to the judge;
+  the first process (and its namespace's init) stays for the weights check. A job that fails mid-way loses its
+  siblings with the rest of the candidate's processes at the job's end.
 """
 from __future__ import annotations
 
@@ -49,10 +49,11 @@ def start(ev, k: int, accepted: Acceptance) -> list[SideProc]:
     for j in range(1, k):
         side = ev.spawn_candidate()
         sibs.append(side)
-        ev.audit.sides[f"candidate.{j}"] = side.pid
+        ev.audit.watch(f"candidate.{j}", side.pid, side.init_pid)
         every = [ev.cand.pid] + [s.pid for s in sibs]
-        for p in [ev.cand] + sibs:  # each process's own tripwires must not take its siblings for escapees
-            p.request(dict(cmd="peers", pids=every), phase="time")
+        for p in [ev.cand] + sibs:  # each process's own tripwires must not take its siblings for escapees (in a
+            if p.namespace is None:  # namespace of its own it sees none of them, and these pids name nothing)
+                p.request(dict(cmd="peers", pids=every), phase="time")
         side.request(ev.cand_import, phase="time")
         side.request(ev.construct_msg, phase="time")
         for arenas, cmd in ((ev.in_arenas, dict(cmd="inputs", values=ev.values)),
@@ -79,7 +80,8 @@ def check_stopped(procs: list[SideProc]) -> None:
     """Every candidate process and what it started read back as stopped (/proc), at the audit moments of timing:
     the seccomp filter refuses SIGCONT to the candidate, so one found running means a door this design missed."""
     for p in procs:
-        running = [t for m in [p.pid] + descendants(p.pid) for t in isolation.running_threads(m)]
+        mine = [p.pid] + descendants(p.pid) + (descendants(p.init_pid) if p.init_pid else [])  # (orphans: its init's)
+        running = [t for m in mine for t in isolation.running_threads(m)]
         if running:
             raise Reject("rejected", ["thread_injection"], "a candidate process that the judge had frozen was "
                          f"running while another was timed (threads {', '.join(running[:4])})")
@@ -122,8 +124,9 @@ class Schedule:
 
 def end(ev, sibs: list[SideProc]) -> None:
     """After timing: the siblings and what they started, killed and reaped; the first process is kept."""
-    live = {ev.ref.pid, ev.forker_pid, ev.cand.pid} | {s.pid for s in sibs}
+    live = {ev.ref.pid, ev.forker_pid, ev.cand.pid, ev.cand.init_pid}  # (a namespace's init: killing it ends it)
+    live |= {p for s in sibs for p in (s.pid, s.init_pid)}
     for j, side in enumerate(sibs, start=1):
-        live.discard(side.pid)
+        live -= {side.pid, side.init_pid}
         end_candidate(side, keep={p for p in live if p})
-        ev.audit.sides.pop(f"candidate.{j}", None)
+        ev.audit.forget(f"candidate.{j}")
