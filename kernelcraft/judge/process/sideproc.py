@@ -202,10 +202,15 @@ def end_candidate(side: "SideProc | None", keep: set[int], wait_s: float = 2.0) 
             return
         for pid in left:
             _kill_all([pid] + descendants(pid))
+        # reaped without blocking, in whatever order they die: a namespace's init exits only once every process
+        # of its namespace is reaped, and a candidate side of that namespace is the judge's child (a blocking wait
+        # on the init first would wait forever)
+        for pid in left:
             try:
-                os.waitpid(pid, 0)
+                os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
+        time.sleep(0.005)
 
 
 def _kill_all(pids: list[int]) -> None:
