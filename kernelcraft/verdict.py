@@ -61,6 +61,9 @@ REASONS = {
     "task_error": "* the reference task itself failed (import, get_inputs or forward)",
     "weights_ignored": "* outputs did not follow weights loaded with load_state_dict (weights copied or assumed "
                        "at construction)",
+    "weights_mismatch": "* the candidate's state_dict cannot take the reference's (keys or shapes differ, or its "
+                        "load_state_dict failed) where the reference has weights: not a drop-in, and its outputs "
+                        "cannot be checked with other weights",
     "mode_changed": "* the candidate changed its own train/eval mode (the protocol's module_mode)",
     "no_candidate": "* bench: the task has no candidate (none given, or optimize found none verified faster)",
     "input_error": "* bench: an input row or file could not be used (bad JSON, no ref_code, not a KernelBench task)",
@@ -149,10 +152,16 @@ class Weights(BaseModel):
     """The weights check (judge/correctness/weights.py): both models loaded the same new weights, one more trial."""
     checked: bool = Field(False, description="the trial with new weights ran")
     matched: bool | None = Field(None, description="the candidate's state_dict keys and shapes are the reference's "
-                                 "and it loaded them (False: not a drop-in for the reference's weights)")
+                                 "and it loaded them (False: not a drop-in for the reference's weights; never "
+                                 "`correct` where the reference has parameters or normalisation statistics)")
     tensors: int = Field(0, description="entries in the reference's state_dict")
     perturbed: int = Field(0, description="entries given new values (parameters, normalisation statistics)")
     changed_output: bool | None = Field(None, description="the new weights changed the reference's output")
+    output_change: float | None = Field(None, description="how far the new weights moved the reference's output, "
+                                        "in units of the trial's tolerance (largest element): a candidate that "
+                                        "ignores its weights fails by this factor; below 10 the note says so")
+    processes: int = Field(0, description="candidate processes beyond the first (timing's, protocol.processes) "
+                           "that passed the same trial with new weights before they were timed")
     mismatch: list[str] = Field(default_factory=list, description="keys that kept the states from matching")
     note: str = ""
 

@@ -253,7 +253,8 @@ def test_best_py_loads_the_references_state_dict(tmp_path, cache_dir):
                    policy=_Scripted([FAST_RENAMED, FAST_DROP_IN]))
     db = RunDB(out)
     renamed = next(r for r in db.rows() if r.source == FAST_RENAMED)
-    assert renamed.correct and renamed.verdict["weights"]["matched"] is False  # correct, but no drop-in
+    assert not renamed.correct and renamed.verdict["reasons"] == ["weights_mismatch"]  # no drop-in: not correct
+    assert renamed.verdict["weights"]["matched"] is False
     assert res.status == "improved", f"{res}\n{run_story(out)}"
     assert (out / "best.py").read_text() == FAST_DROP_IN
     assert db.get(res.best_candidate).verdict["weights"]["checked"]

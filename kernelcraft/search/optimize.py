@@ -26,8 +26,10 @@ Design decisions
   (issue 20: confirmations sized to what the statistics need). `OUT/best.py` is written only for such a
   candidate, byte-identical to what was verified; otherwise there is no best.py and the status says why. The
   reference itself is never passed off as an optimisation. best.py is a drop-in for a user's trained model:
-  a candidate whose state_dict keys and shapes are not the reference's (the verdict's `weights.matched` is
-  False) is never a leader, and every correct candidate has passed the judge's trial with new weights loaded.
+  the judge never calls a candidate `correct` whose state_dict cannot take the reference's (`weights_mismatch`),
+  every correct candidate has passed its trial with new weights loaded, and a `correct` verdict with
+  `weights.matched` False (a reference holding only constant buffers, or a stored verdict from a judge without
+  that rule) is never a leader (`drop_in`).
 - The run's `Protocol` (resolved for its device) is pinned in the database: a resume under other rules
   is refused rather than mixing their numbers in one leaderboard. Search settings may change on resume.
 - Stops on: budget (candidates), wall-time limit, `patience` rounds without a >1% improvement of the
@@ -70,7 +72,9 @@ from kernelcraft.search.techniques import techniques
 
 def drop_in(verdict: dict | None) -> bool:
     """Would the reference's state_dict() load into this candidate? False only when the judge found it would not
-    (`weights.matched` False); records from before the weights check say nothing and count as drop-ins."""
+    (`weights.matched` False: a `correct` verdict says so only where the reference holds nothing but constant
+    buffers, or where a judge without the `weights_mismatch` rule stored it); records from before the weights
+    check say nothing and count as drop-ins."""
     return ((verdict or {}).get("weights") or {}).get("matched") is not False
 
 

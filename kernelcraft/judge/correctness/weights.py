@@ -2,31 +2,57 @@
 time, in the train/eval mode the protocol names.
 
 Design decisions
-- The judge checks this itself, after the correctness trials (`check`): the reference's side lists its
-  `state_dict()` (keys, shapes, dtypes, and which entries are parameters or normalisation statistics), the
-  candidate's side lists its own, and when keys and shapes match the judge draws new values with its secret
-  RNG (seeded from `secrets`, like its inputs) and sends them as bytes through one arena per side; both sides
-  `load_state_dict` them (strict), and one more trial compares the outputs. A candidate that copied its
-  weights at construction, or assumed their initial values (an elementwise LayerNorm weight replaced by a
-  per-channel one, right only while weight = 1 and bias = 0), fails that trial: `weights_ignored`. The
-  reference's output on the same inputs with its old weights is computed first, so the message says which
-  weights the candidate followed and the record says whether the new weights changed the reference's output
-  at all (`changed_output`: a check without teeth is visible).
-- Keys and shapes that do not match are a field of the verdict (`weights.matched = False`), not a rejection:
-  a restructured module can be an honest rewrite, it is just not a drop-in for a user's trained
-  `state_dict()`. `optimize` never writes such a candidate to best.py (`drop_in`). A candidate whose own
-  `load_state_dict` fails is recorded the same way; its side restores its previous state.
-- What is perturbed: every floating parameter, and the running statistics of normalisation layers
+- A drop-in loads the reference's weights. Where the reference's `state_dict()` holds anything the judge moves
+  (`moves`: a floating parameter or a normalisation statistic), the candidate's must take it as a user's
+  `ModelNew.load_state_dict(Model.state_dict(), strict=True)` would: the same keys and shapes, no persistent key
+  of its own (derived tensors live in plain attributes or `register_buffer(..., persistent=False)`, which
+  `state_dict()` leaves out), and a `load_state_dict` that does not raise. Otherwise the verdict is `incorrect` /
+  `weights_mismatch`, naming what differs (`match`: `MAX_NAMED` in the message, `MAX_LISTED` in
+  `weights.mismatch`). A candidate that cannot take other weights cannot be shown to compute from its own, and
+  one that renamed, dropped or hard-coded them (a zero-initialised gate assumed, the reference's initial weights
+  kept as constants) would otherwise keep an untested `correct`. `incorrect`, not `rejected`: the answer cannot be
+  verified, as a wrong one cannot be used; it is not a guard catching tampering, and an honest rewrite under other
+  names lands here too (the message says how to fix it). A reference holding only constant buffers (masks,
+  tables) needs no drop-in: a mismatch there is recorded (`weights.matched` False) and `optimize` never makes
+  such a candidate its best.py (`drop_in`).
+- Where it runs: `require_drop_in` right after the correctness trials (a candidate that fails it is not timed);
+  `check` after timing in the candidate's first process (the drop-in rule again, then the trial); `check_process`
+  in every further candidate process (`siblings`, `Protocol.processes`) before it is timed, so a candidate that
+  reads its weights only in the process the judge checks after timing fails in the others. A re-measure keeps the
+  first run's check (`evaluate.remeasure_protocol`). A candidate's `load_state_dict` that raises is a failure
+  wherever it runs, never a skip.
+- The trial: the judge draws new values with its secret RNG (seeded from `secrets`, like its inputs) and sends
+  them as bytes through one arena per side; both sides `load_state_dict` them (strict), the candidate first, and
+  one more trial compares the outputs under the tolerance the trials' rule accepted. A candidate that copied its
+  weights at construction or assumed their initial values fails it: `weights_ignored`. The reference's output on
+  the same inputs with its old weights is computed first, so the message says which weights the candidate
+  followed, and the record says how far the new weights moved the reference's output (`changed_output`;
+  `output_change`, in units of the trial's tolerance: the factor by which a candidate ignoring its weights
+  fails; below `CLEAR_MARGIN` the note says the check had little teeth). A further process and the reference go
+  back to the construction weights after its trial (the reference is timed with every process); a candidate that
+  cannot load them back fails as `weights_mismatch`.
+- What is moved: every floating parameter, and the running statistics of normalisation layers
   (BatchNorm/InstanceNorm; the statistics a user's trained model carries). Other buffers (causal masks,
   index tables, constants) keep the reference's values: they are loaded too, but a candidate may compute
   the same constant instead of reading it (SDPA's `is_causal` for a `tril` buffer), and a perturbed mask is
-  no longer a mask. Values are scaled by exp(0.2·N(0,1)) plus 0.1·rms·N(0,1) noise, elementwise: every
-  element moves (an all-ones LayerNorm weight stops being uniform), signs of non-negative tensors are kept
-  (variances stay variances), magnitudes stay near the trained ones (deep nets do not blow up), non-finite
-  elements stay as they are. Parameters tied in the reference (one storage under two keys) get one value.
-  If the new weights make the reference's output non-finite where it was finite, the check is skipped
-  (noted) and the old weights are restored on both sides: the judge's own draw must never charge the
-  candidate.
+  no longer a mask. Parameters tied in the reference (one storage under two keys) get one value.
+- How (`perturbed`), so that every moved tensor matters at the output's scale and the network stays sane: every
+  element is scaled by e^(+-k), k uniform in `_MOVE` with random signs, normalised to mean 1, plus bounded noise
+  (`_ADD`), so every element moves and an all-ones norm weight becomes clearly non-uniform (elements 10-55% off
+  1, standard deviation ~0.36); a tensor with a non-zero element is rescaled to its old RMS, so every layer keeps
+  its gain (deep networks neither blow up nor vanish; a norm weight's mean stays within ~7%). A uniform signed
+  tensor (all zeros: a bias, a zero-initialised gate, a running mean) also moves as a whole, by +-`_SHIFT` times
+  its module's scale (`module_scales`: the RMS of the module's other moved tensors, as PyTorch's initialisation
+  scales a Linear's bias by its weight and a norm layer's by its weight's 1; else 1), a move the noise cannot
+  cancel. Zero-mean noise alone averages out of a mean over channels: it leaves a GroupNorm bias assumed zero
+  before such a mean within TF32's 2^-8 bound on 5% of draws, where this draw misses it by over 25x that bound
+  on each of 200 draws (tests/test_weights.py). Non-negative tensors stay non-negative (variances stay
+  variances), non-finite elements stay as they are. Measured on KernelBench's level-3 networks on a CPU: in train
+  mode the output's RMS moves within 0.8-1.5x; in eval mode at the initial running statistics (no normalisation
+  at all) the shifted biases and means accumulate through depth, ResNet18's output RMS by 14-18x and ResNet101's
+  by 26-74x (zero-mean noise alone: ~18x), finite, and the comparison's tolerance scales with the output's RMS.
+  If the new weights make the reference's output non-finite where it was finite, the check is skipped (noted)
+  and both sides go back to the old weights: the judge's own draw must never charge the candidate.
 - Module mode (`Protocol.module_mode`, KernelBench's default `train`): both sides apply it right after
   construction with `model.train(mode)`, as a user would, so a candidate's `self.eval()` in `__init__` is
   overridden (and recorded: `module_mode.candidate_init`). The candidate's side then verifies, after the
@@ -35,18 +61,26 @@ Design decisions
   `train()` override that ignores its argument) is `rejected` / `mode_changed`. Modules it creates later are
   not its construction's and are not held to the mode (lazily built helpers would be false alarms).
 - Side-side functions (`state`, `dump_state`, `load_state`, `apply_mode`, `verify_mode`) run in the side
-  processes and are called by `side.Side`'s commands; `check` and `record_mode` run in the judge.
+  processes and are called by `side.Side`'s commands; the rest runs in the judge (`require_drop_in`, `check`,
+  `check_process`, `record_mode`).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from kernelcraft.judge.process.arena import Arena, TensorSpec, attach
+from kernelcraft.judge.correctness.acceptance import Acceptance
+from kernelcraft.judge.correctness.compare import as_tensor_list, chunks, resolve_tolerance, with_retries
 from kernelcraft.judge.reject import Reject
 
-MAX_LISTED = 8  # mismatching keys named in the record
-_SCALE_SIGMA = 0.2  # multiplicative noise: exp(0.2 N(0,1))
-_ADD_SIGMA = 0.1  # additive noise, times the tensor's RMS (1 for an all-zero tensor)
+MAX_LISTED = 8  # mismatching keys in the record
+MAX_NAMED = 4  # ... and in the message
+_MOVE = (0.3, 0.5)  # k: each element scaled by e^(+-k), normalised to mean 1
+_SHIFT = (0.15, 0.3)  # a uniform signed tensor (all zeros) also moved as a whole by +-this, times its scale
+_ADD = 0.05  # elementwise noise, uniform with this standard deviation (bounded: +-0.087), times the scale
+CLEAR_MARGIN = 10.0  # the new weights should move the reference's output by this many times the trial's tolerance
 
 
 # -- the sides ----------------------------------------------------------------------------------------------------
@@ -89,14 +123,21 @@ def _stat_keys(model: torch.nn.Module) -> set[str]:
 
 def state(side, msg: dict, fds) -> dict:
     """The model's state_dict() as the judge needs it: key, shape, dtype, kind (param | stat | buffer) and, for
-    an entry sharing storage with an earlier one (tied weights), `same_as` (its index)."""
+    an entry sharing storage with an earlier one (tied weights), `same_as` (its index). A model whose state
+    cannot be listed (not a Module, a non-tensor entry, a `state_dict` that raises) is reported, not raised: for
+    the candidate that is a state the reference's cannot load into (`weights_mismatch`)."""
     model = side.model
     if not isinstance(model, torch.nn.Module):
         return {"type": "ok", "entries": None, "problem": f"{type(model).__name__} is not a torch.nn.Module"}
-    params = {k for k, _ in model.named_parameters(remove_duplicate=False)}
-    stats = _stat_keys(model)
+    try:
+        params = {k for k, _ in model.named_parameters(remove_duplicate=False)}
+        stats = _stat_keys(model)
+        sd = model.state_dict()
+        items = list(sd.items())
+    except Exception as e:  # noqa: BLE001 - the judge records it
+        return {"type": "ok", "entries": None, "problem": f"state_dict() raised {type(e).__name__}: {e}"[:300]}
     entries, seen = [], {}
-    for k, v in model.state_dict().items():
+    for k, v in items:
         if not isinstance(v, torch.Tensor):
             return {"type": "ok", "entries": None, "problem": f"state_dict entry '{k}' is not a tensor"}
         e = {"key": str(k), "shape": [int(s) for s in v.shape], "dtype": str(v.dtype).removeprefix("torch."),
@@ -170,10 +211,11 @@ def _entries(reply: dict) -> list[dict] | None:
     return out
 
 
-def match(ref: list[dict], cand: list[dict] | None) -> list[str]:
-    """What keeps the candidate's state from taking the reference's: missing, unexpected and reshaped keys."""
+def match(ref: list[dict], cand: list[dict] | None, problem: str = "") -> list[str]:
+    """What keeps the candidate's state from taking the reference's (strict): missing, unexpected and reshaped
+    keys."""
     if cand is None:
-        return ["the candidate's state_dict could not be read"]
+        return ["the candidate's state_dict could not be read" + (f" ({problem})" if problem else "")]
     want = {e["key"]: tuple(e["shape"]) for e in ref}
     have = {e["key"]: tuple(e["shape"]) for e in cand}
     out = [f"missing {k}" for k in want if k not in have]
@@ -181,6 +223,14 @@ def match(ref: list[dict], cand: list[dict] | None) -> list[str]:
     out += [f"{k}: shape {list(have[k])}, the reference's {list(want[k])}" for k in want
             if k in have and have[k] != want[k]]
     return out
+
+
+def moves(e: dict) -> bool:
+    """Does the judge give this reference entry new values? A floating parameter or normalisation statistic with
+    elements, not the second key of a tied one."""
+    dtype = getattr(torch, str(e.get("dtype", "")), None)
+    return (e.get("kind") in ("param", "stat") and isinstance(dtype, torch.dtype) and dtype.is_floating_point
+            and math.prod(e["shape"]) > 0 and "same_as" not in e)
 
 
 def _contiguous(shape) -> tuple[int, ...]:
@@ -191,30 +241,271 @@ def _contiguous(shape) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def _perturb(t: torch.Tensor) -> torch.Tensor:
+# -- new values -------------------------------------------------------------------------------------------------------
+def _module(key: str) -> str:
+    return key.rsplit(".", 1)[0] if "." in key else ""
+
+
+def module_scales(values: list[torch.Tensor], entries: list[dict]) -> dict[str, float]:
+    """Per module (a key's prefix), the RMS of its moving tensors that are not all zero: the scale at which one of
+    its all-zero tensors is moved (PyTorch's default initialisation gives a Linear's or a convolution's bias its
+    weight's RMS, a norm layer's bias its weight's 1)."""
+    acc: dict[str, list[float]] = {}
+    for t, e in zip(values, entries):
+        if not moves(e):
+            continue
+        x = t.detach().double()
+        x = x[torch.isfinite(x)]
+        ss = float(x.square().sum())
+        if ss > 0:
+            a = acc.setdefault(_module(e["key"]), [0.0, 0])
+            a[0] += ss
+            a[1] += x.numel()
+    return {m: math.sqrt(ss / n) for m, (ss, n) in acc.items()}
+
+
+def _signed(like: torch.Tensor, bounds: tuple[float, float]) -> torch.Tensor:
+    """Elementwise +-k, k uniform within `bounds` (random signs): a move bounded away from zero."""
+    k = bounds[0] + (bounds[1] - bounds[0]) * torch.rand_like(like)
+    return torch.where(torch.rand_like(like) < 0.5, k, -k)
+
+
+def _perturb(t: torch.Tensor, hint: float) -> torch.Tensor:
+    """New values for one tensor (module docstring): every element scaled by a factor e^(+-k) / E[cosh k] (mean 1,
+    each at least ~20% from 1) plus bounded noise; a non-uniform tensor keeps its RMS, a uniform signed one (all
+    zeros, a zero gate) also moves as a whole by +-k times its scale; a non-negative one stays non-negative."""
     x = t.double() if t.dtype == torch.float64 else t.float()
     finite = torch.isfinite(x)
     vals = x[finite]
-    rms = float(vals.square().mean().sqrt()) if vals.numel() else 0.0
-    new = x * torch.exp(_SCALE_SIGMA * torch.randn_like(x)) + _ADD_SIGMA * (rms or 1.0) * torch.randn_like(x)
-    if rms > 0 and bool((vals >= 0).all()):
-        new = new.abs()
+    if not vals.numel():
+        return t
+    rms = float(vals.square().mean().sqrt())
+    scale = rms or hint
+    nonneg = rms > 0 and bool((vals >= 0).all())
+    uniform = bool(vals.max() == vals.min())
+    a, b = _MOVE
+    mean_factor = (math.sinh(b) - math.sinh(a)) / (b - a)  # E[cosh k]: the factors average to 1
+    noise = _ADD * math.sqrt(3) * (2 * torch.rand_like(x) - 1)  # uniform, standard deviation _ADD, bounded
+    new = x * torch.exp(_signed(x, _MOVE)) / mean_factor + scale * noise
+    if nonneg:
+        new = new.abs()  # a variance stays a variance
+    if rms > 0 and vals.numel() > 1:
+        now = float(new[finite].square().mean().sqrt())
+        new = new * (rms / now) if now > 0 else new  # the gain kept: deep networks neither blow up nor vanish
+    if uniform and not nonneg:
+        new = new + scale * float(_signed(torch.zeros(()), _SHIFT))  # off a constant guess (a zero bias, a zero gate)
     return torch.where(finite, new, x).to(t.dtype)
 
 
 def perturbed(values: list[torch.Tensor], entries: list[dict]) -> tuple[list[torch.Tensor], int]:
-    """New values for parameters and normalisation statistics (the judge's RNG); other entries unchanged."""
+    """New values for parameters and normalisation statistics (the judge's RNG; module docstring); other entries
+    unchanged, a tied entry the value of the one it is tied to. (values, how many were given new values)."""
+    hints = module_scales(values, entries)
     out, n = [], 0
     for i, (t, e) in enumerate(zip(values, entries)):
         j = e.get("same_as")
         if isinstance(j, int) and 0 <= j < i and out[j].shape == t.shape and out[j].dtype == t.dtype:
             out.append(out[j])
-        elif e.get("kind") in ("param", "stat") and t.is_floating_point() and t.numel():
-            out.append(_perturb(t))
+        elif moves(e) and t.is_floating_point() and t.numel():
+            out.append(_perturb(t, hints.get(_module(e["key"]), 1.0)))
             n += 1
         else:
             out.append(t)
     return out, n
+
+
+def excess(old, new, accepted: Acceptance, on: torch.device | None = None) -> float | None:
+    """How far `new` is from `old` in units of the elementwise bound the trials accepted (`acceptance`: atol times
+    `old`'s RMS, or max(1, RMS) under the fixed rule, plus rtol): the largest ratio over the finite elements of the
+    floating outputs, None where none is floating. Above 1, a candidate that still returned `old` would fail the
+    comparison by that factor."""
+    worst = None
+    for a, b, bound in zip(as_tensor_list(old) or [], as_tensor_list(new) or [], accepted.bounds):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point()
+                and a.shape == b.shape and a.numel()):
+            continue
+        at, rt = resolve_tolerance(a.dtype, bound.atol, bound.rtol)
+        rel = bound.relative()
+        x = with_retries(lambda chunk, dev, a=a, b=b: _excess_one(a, b, at, rt, chunk, dev, rel), on or a.device)
+        worst = x if worst is None else max(worst, x)
+    return worst
+
+
+def _excess_one(a: torch.Tensor, b: torch.Tensor, at: float, rt: float, chunk: int, dev: torch.device,
+                relative=None) -> float:
+    sq = torch.zeros((), dtype=torch.float64, device=dev)
+    n = torch.zeros((), dtype=torch.int64, device=dev)
+    for (x,) in chunks([a], chunk, dev):
+        f = torch.isfinite(x)
+        sq += torch.where(f, x, 0.0).square().sum()
+        n += f.sum()
+    rms = math.sqrt(float(sq) / int(n)) if int(n) else 0.0
+    scale = max(1.0, rms) if relative is None else max(rms, relative.floor, 1e-30)
+    worst = torch.zeros((), dtype=torch.float64, device=dev)
+    for x, y in chunks([a, b], chunk, dev):
+        both = torch.isfinite(x) & torch.isfinite(y)
+        ratio = (y - x).abs_().div_((x.abs() * rt + at * scale).clamp_min_(1e-300))
+        worst = torch.maximum(worst, torch.where(both, ratio, 0.0).max())
+    return min(float(worst), 1e12)
+
+
+# -- the check ----------------------------------------------------------------------------------------------------
+def _record(ev) -> dict:
+    rec = ev.result.get("weights")
+    if rec is None:
+        rec = ev.result["weights"] = {"checked": False, "matched": None, "tensors": 0, "perturbed": 0,
+                                      "changed_output": None, "output_change": None, "processes": 0,
+                                      "mismatch": [], "note": ""}
+    return rec
+
+
+def _reference_state(ev, rec: dict, phase: str) -> list[dict] | None:
+    """The reference's state_dict entries (listed once per evaluation), or None, noted, where it has none."""
+    if not hasattr(ev, "weight_entries"):
+        got = ev.ref.request({"cmd": "state"}, phase=phase)
+        ref = _entries(got)
+        ev.weight_entries = ref or None
+        if not ref:
+            rec["note"] = got.get("problem") or ("the reference has no parameters or buffers" if ref == [] else
+                                                 "the reference's state_dict could not be listed")
+    if ev.weight_entries:
+        rec["tensors"] = len(ev.weight_entries)
+    return ev.weight_entries
+
+
+_DROP_IN = ("a drop-in must load the reference's state_dict (ModelNew.load_state_dict(Model.state_dict(), "
+            "strict=True)): the reference's parameter and buffer names and shapes, derived tensors kept out of it "
+            "(plain attributes, or register_buffer(..., persistent=False))")
+
+
+def _drop_in(ev, side, ref: list[dict], rec: dict, phase: str, who: str) -> bool:
+    """True when `side`'s state_dict has the reference's keys and shapes. Else `weights_mismatch` where the
+    reference has values to move; only recorded (`matched` False) where it has nothing but constant buffers."""
+    got = side.request({"cmd": "state"}, phase=phase)
+    mismatch = match(ref, _entries(got), str(got.get("problem") or ""))
+    if not mismatch:
+        return True
+    rec.update(matched=False, mismatch=mismatch[:MAX_LISTED])
+    if any(moves(e) for e in ref):
+        named = ", ".join(mismatch[:MAX_NAMED]) + (f" (and {len(mismatch) - MAX_NAMED} more)"
+                                                   if len(mismatch) > MAX_NAMED else "")
+        raise Reject("incorrect", ["weights_mismatch"],
+                     f"{who}ModelNew's state_dict cannot take the reference's: {named}; {_DROP_IN}")
+    rec["note"] = (f"{len(mismatch)} difference(s) between the candidate's state_dict and the reference's, which "
+                   "holds only constant buffers: not a drop-in for it, and no weights to check")
+    return False
+
+
+def require_drop_in(ev) -> None:
+    """After the correctness trials, before timing, in the candidate's first process: its state_dict must take the
+    reference's (`weights_mismatch` otherwise: a candidate that cannot load new weights is not timed)."""
+    rec = _record(ev)
+    ref = _reference_state(ev, rec, "check")
+    if ref is not None:
+        _drop_in(ev, ev.cand, ref, rec, "check", "")
+
+
+def check(ev, accepted: Acceptance) -> None:
+    """After timing, in the candidate's first process (`ev`: the judge's `worker.Evaluation`): the drop-in rule
+    again, then the same new weights into both models and one more trial. Records `weights`; raises
+    `weights_mismatch` or `weights_ignored`. The reference keeps the new weights (a warm one is reset)."""
+    rec = _record(ev)
+    ref = _reference_state(ev, rec, "check")
+    if ref is None or not _drop_in(ev, ev.cand, ref, rec, "check", ""):
+        return
+    ev.fresh_state((ev.ref, ev.cand), "check")  # a stateful task: after timing the sides' states differ
+    if _trial(ev, ev.cand, ref, rec, "check", "", accepted):
+        ev.result["guards"].append("weights_as_inputs")
+
+
+def check_process(ev, side, who: str, accepted: Acceptance) -> None:
+    """Another candidate process (`siblings.start`), before it is timed: the same drop-in rule and trial as the
+    first process's, then both models back on their construction weights (the reference is timed with every
+    process, and the first process still has its own). Counted in `weights.processes`."""
+    rec = _record(ev)
+    ref = _reference_state(ev, rec, "time")
+    if ref is None or not _drop_in(ev, side, ref, rec, "time", who):
+        return
+    ev.fresh_state((ev.ref, side), "time")
+    trial: dict = {}  # the record is the first process's (after timing); a failure here is the verdict's
+    try:
+        if _trial(ev, side, ref, trial, "time", who, accepted, restore=True):
+            rec["processes"] += 1
+    except Reject:
+        rec.update(trial)
+        raise
+
+
+def _trial(ev, side, ref: list[dict], rec: dict, phase: str, who: str, accepted: Acceptance,
+           restore: bool = False) -> bool:
+    """The trial with new weights for candidate process `side`; True when it ran and passed, False when the judge's
+    own draw or the reference could not be used (noted; both models back on the old weights). Raises
+    `weights_mismatch` (the candidate's load_state_dict failed) or `weights_ignored`."""
+    keys = [e["key"] for e in ref]
+    specs = [TensorSpec(tuple(e["shape"]), _contiguous(e["shape"]), str(e.get("dtype", "float32"))) for e in ref]
+    arenas = {"reference": Arena(specs, ev.device), "candidate": Arena(specs, ev.device)}
+    desc, fds = arenas["reference"].handle()
+    ev.ref.request(dict(cmd="dump_state", arena=desc, keys=keys), fds, phase=phase)
+    original = [t.clone() for t in arenas["reference"].tensors]
+    new, rec["perturbed"] = perturbed(original, ref)
+
+    # the reference's output with its own weights, on a fresh draw the candidate never runs on before the trial
+    ev.redraw()
+    ev._poison()
+    r0 = ev._output("reference", ev.ref.request({"cmd": "run", "keep_state": True},  # not a paired call:
+                                                phase=phase).get("values", []), copy=True)  # state kept
+    failed, error = _load(ev, side, arenas, keys, new, phase)
+    if failed == "candidate":
+        rec["matched"] = False
+        raise Reject("incorrect", ["weights_mismatch"], f"{who}ModelNew.load_state_dict(the reference's state_dict, "
+                     f"strict=True) failed: {error[:300]}; {_DROP_IN}")
+    if failed == "reference":  # its side kept the old weights; the candidate goes back to them too
+        _restore(ev, side, arenas, keys, original, phase, who, reference=False)
+        rec["note"] = "the reference's load_state_dict failed: " + error[:300]
+        return False
+    rec["matched"] = True
+    ev._write_inputs(ev.current)  # the same draw again: a reference that works in place changed its copy
+    ev._poison()
+    order = [ev.ref, side] if ev.rng.random() < 0.5 else [side, ev.ref]
+    replies = {}
+    for s in order:
+        replies[s.role] = s.request({"cmd": "run"}, phase=phase)  # (`sideproc.RUN`)
+        if ev.device.type == "cuda":
+            torch.cuda.synchronize()
+    copy = not ev.in_place()  # a large output is read in its arena once the device is idle (judge/process/worker.py)
+    r1 = ev._output("reference", replies["reference"].get("values", []), copy=copy)
+    c1 = ev._output("candidate", list(replies["candidate"].get("values", [])), copy=copy)
+    ev._check_mutation(f"{who}the weights trial")
+    p = ev.p
+    if _newly_nonfinite(r0, r1):
+        rec["note"] = "the new weights made the reference's output non-finite; the old weights were restored"
+        _restore(ev, side, arenas, keys, original, phase, who)
+        return False
+    rec["checked"] = True
+    # the rule the trials accepted (`acceptance`: calibrated outputs relative to their scale, widened to the
+    # reference's own error, e.g. cuDNN's TF32 convolutions), never the bare fixed bound: on the H100 an honest
+    # channels-last conv was a false `weights_ignored` at 1.9e-4 > 1e-4 after new weights
+    rec["changed_output"] = not accepted.compare(r0, r1, on=ev.device).ok
+    moved = excess(r0, r1, accepted, on=ev.device)
+    rec["output_change"] = None if moved is None else float(f"{moved:.3g}")
+    if not rec["changed_output"]:
+        rec["note"] = ("the new weights did not change the reference's output beyond the trial's tolerance: this "
+                       "trial cannot tell a candidate that ignores its weights")
+    elif moved is not None and moved < CLEAR_MARGIN:
+        rec["note"] = (f"the new weights moved the reference's output by only {moved:.3g}x the trial's tolerance "
+                       f"(a clear margin is {CLEAR_MARGIN:g}x): a candidate that ignores its weights fails by no more")
+    cmp = accepted.compare(r1, c1, on=ev.device)
+    if not cmp.ok:
+        if not rec["changed_output"]:  # the new weights changed nothing: this is a plain wrong answer
+            raise Reject("incorrect", cmp.reasons, f"{who}trial {p['trials'] + 1} (after new weights): {cmp.message}")
+        follows_old = accepted.compare(r0, c1, on=ev.device).ok
+        why = ("its outputs are those of the weights it was constructed with (a copy taken at construction?)"
+               if follows_old else "its outputs were right only for the weights it was constructed with")
+        raise Reject("incorrect", ["weights_ignored"], f"{who}after both models loaded the same new weights "
+                     f"(load_state_dict), {why}: {cmp.message}")
+    if restore:
+        _restore(ev, side, arenas, keys, original, phase, who)
+    return True
 
 
 def _newly_nonfinite(old, new) -> bool:
@@ -223,96 +514,34 @@ def _newly_nonfinite(old, new) -> bool:
                and bool((torch.isfinite(a) & ~torch.isfinite(b)).any()) for a, b in pairs)
 
 
-def check(ev, accepted) -> None:
-    """After the correctness trials (`ev`: the judge's `worker.Evaluation`): the same new weights into both
-    models, one more trial. Records `weights` in the result; raises `weights_ignored` when the candidate's
-    outputs do not follow them."""
-    rec = {"checked": False, "matched": None, "tensors": 0, "perturbed": 0, "changed_output": None,
-           "mismatch": [], "note": ""}
-    ev.result["weights"] = rec
-    got = ev.ref.request({"cmd": "state"}, phase="check")
-    ref = _entries(got)
-    if not ref:
-        rec["note"] = got.get("problem") or ("the reference has no parameters or buffers" if ref == [] else
-                                             "the reference's state_dict could not be listed")
-        return
-    rec["tensors"] = len(ref)
-    mismatch = match(ref, _entries(ev.cand.request({"cmd": "state"}, phase="check")))
-    if mismatch:
-        rec.update(matched=False, mismatch=mismatch[:MAX_LISTED],
-                   note=f"{len(mismatch)} difference(s) between the candidate's state_dict and the reference's: "
-                        "not a drop-in for the reference's weights, so the weights were not checked")
-        return
-    ev.fresh_state((ev.ref, ev.cand), "check")  # a stateful task: after timing the sides' states differ
-    keys = [e["key"] for e in ref]
-    specs = [TensorSpec(tuple(e["shape"]), _contiguous(e["shape"]), str(e.get("dtype", "float32"))) for e in ref]
-    arenas = {s.role: Arena(specs, ev.device) for s in (ev.ref, ev.cand)}
-    desc, fds = arenas["reference"].handle()
-    ev.ref.request(dict(cmd="dump_state", arena=desc, keys=keys), fds, phase="check")
-    original = [t.clone() for t in arenas["reference"].tensors]
-    new, rec["perturbed"] = perturbed(original, ref)
-
-    # the reference's output with its own weights, on a fresh draw the candidate never runs on before the trial
-    ev.redraw()
-    ev._poison()
-    r0 = ev._output("reference", ev.ref.request(dict(cmd="run", keep_state=True),  # not a paired call:
-                                                phase="check").get("values", []), copy=True)  # state kept
-    loaded = _load(ev, arenas, keys, new, rec)
-    if loaded == "reference":
-        _load(ev, arenas, keys, original, {})  # both back on the old weights
-    if loaded != "ok":
-        return
-    rec["matched"] = True
-    ev._write_inputs(ev.current)  # the same draw again: a reference that works in place changed its copy
-    ev._poison()
-    order = [ev.ref, ev.cand] if ev.rng.random() < 0.5 else [ev.cand, ev.ref]
-    replies = {}
-    for s in order:
-        replies[s.role] = s.request({"cmd": "run"}, phase="check")
-        if ev.device.type == "cuda":
-            torch.cuda.synchronize()
-    copy = not ev.in_place()  # a large output is read in its arena once the device is idle (judge/process/worker.py)
-    r1 = ev._output("reference", replies["reference"].get("values", []), copy=copy)
-    c1 = ev._output("candidate", list(replies["candidate"].get("values", [])), copy=copy)
-    ev._check_mutation("the weights trial")
-    p = ev.p
-    if _newly_nonfinite(r0, r1):
-        rec["note"] = "the new weights made the reference's output non-finite; the old weights were restored"
-        _load(ev, arenas, keys, original, {})
-        return
-    rec["checked"] = True
-    # the rule the trials accepted (`acceptance`: calibrated outputs relative to their scale, widened to the
-    # reference's own error, e.g. cuDNN's TF32 convolutions), never the bare fixed bound: on the H100 an honest
-    # channels-last conv was a false `weights_ignored` at 1.9e-4 > 1e-4 after new weights
-    rec["changed_output"] = not accepted.compare(r0, r1, on=ev.device).ok
-    ev.result["guards"].append("weights_as_inputs")
-    cmp = accepted.compare(r1, c1, on=ev.device)
-    if cmp.ok:
-        return
-    if not rec["changed_output"]:  # the new weights changed nothing: this is a plain wrong answer
-        raise Reject("incorrect", cmp.reasons, f"trial {p['trials'] + 1} (after new weights): {cmp.message}")
-    follows_old = accepted.compare(r0, c1, on=ev.device).ok
-    why = ("its outputs are those of the weights it was constructed with (a copy taken at construction?)"
-           if follows_old else "its outputs were right only for the weights it was constructed with")
-    raise Reject("incorrect", ["weights_ignored"], "after both models loaded the same new weights "
-                 f"(load_state_dict), {why}: {cmp.message}")
-
-
-def _load(ev, arenas: dict[str, Arena], keys: list[str], values: list[torch.Tensor], rec: dict) -> str:
-    """Both sides load `values`, the candidate first: "ok", or the side that could not ("candidate": the
-    reference keeps its weights; "reference": the caller puts the candidate back on the old ones)."""
+def _load(ev, side, arenas: dict[str, Arena], keys: list[str], values: list[torch.Tensor], phase: str,
+          reference: bool = True) -> tuple[str, str]:
+    """Both models (the candidate's process `side` only, without `reference`) load `values`, the candidate first:
+    ("", "") or the side that could not and its error (a side that fails keeps its previous weights)."""
     for role in ("candidate", "reference"):
         for buf, v in zip(arenas[role].tensors, values):
             buf.copy_(v)
     if ev.device.type == "cuda":
         torch.cuda.synchronize()
     desc, fds = arenas["candidate"].handle()
-    got = ev.cand.request(dict(cmd="load_state", arena=desc, keys=keys), fds, phase="check")
+    got = side.request(dict(cmd="load_state", arena=desc, keys=keys), fds, phase=phase)
     if not got.get("loaded"):
-        rec.update(matched=False, note="the candidate's load_state_dict failed: " + str(got.get("error", ""))[:300])
-        return "candidate"
-    got = ev.ref.request(dict(cmd="load_state", keys=keys), phase="check")
+        return "candidate", str(got.get("error", ""))
+    if not reference:
+        return "", ""
+    got = ev.ref.request(dict(cmd="load_state", keys=keys), phase=phase)
     if not got.get("loaded"):
-        rec["note"] = "the reference's load_state_dict failed: " + str(got.get("error", ""))[:300]
-        return "reference"
-    return "ok"
+        return "reference", str(got.get("error", ""))
+    return "", ""
+
+
+def _restore(ev, side, arenas, keys, original, phase: str, who: str, reference: bool = True) -> None:
+    """Both models (or the candidate's only) back on the weights they were constructed with; a candidate that
+    cannot load them fails."""
+    failed, error = _load(ev, side, arenas, keys, original, phase, reference)
+    if failed == "candidate":
+        raise Reject("incorrect", ["weights_mismatch"], f"{who}ModelNew.load_state_dict of the weights it was "
+                     f"built with failed after it had loaded others: {error[:300]}; {_DROP_IN}")
+    if failed == "reference":
+        raise Reject("runtime_error", ["task_error"], "the reference's load_state_dict of its own construction "
+                     f"weights failed: {error[:300]}")

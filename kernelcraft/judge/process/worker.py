@@ -146,7 +146,9 @@ class Evaluation:
         inits = {self.cand.pid: self.cand.init_pid} if self.cand.init_pid else {}  # its PID namespace's pid 1
         self.audit = isolation.Audit(os.getpid(), known, inits)
         self.enter("check")
-        accepted = trials.run_trials(self)  # the correctness trials, and the rule they hand on (judge/correctness/acceptance.py)
+        accepted = trials.run_trials(self)  # the correctness trials, and the rule they hand on (correctness/acceptance.py)
+        if not job.get("remeasure"):
+            weights.require_drop_in(self)  # a state_dict that cannot take the reference's fails before timing
         self._audit()
         if p["timing"]:
             self.enter("time")

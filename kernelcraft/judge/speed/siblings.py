@@ -15,7 +15,10 @@ Design decisions
   message (its builds are cache hits), constructed with the same seed, lent the *same* arenas as the first
   (only one candidate process runs at a time), and it must pass one correctness trial of its own before it is
   timed (a candidate honest only in the process the judge checked is a wrong answer,
-  `v2_c7_later_process_differs`). Every timed output of every process is compared, every input re-verified.
+  `v2_c7_later_process_differs`), then the weights check the first process faces after timing
+  (`weights.check_process`: its state_dict must take the reference's, and one trial with new weights in both
+  models must pass; both go back to their construction weights before timing). Every timed output of every
+  process is compared, every input re-verified.
 - No candidate process runs outside its own timed window. The running process could SIGCONT a sibling,
   whose work would then land in the reference's call or in the gap after its own call (computing an answer
   into the shared arena off the clock; `v2_c7_sibling_thaw`). A stopped process runs again only on SIGCONT,
@@ -36,6 +39,7 @@ import random
 import torch
 
 from kernelcraft.judge.process import isolation
+from kernelcraft.judge.correctness import weights
 from kernelcraft.judge.correctness.acceptance import Acceptance
 from kernelcraft.judge.reject import Reject
 from kernelcraft.judge.process.procs import descendants
@@ -44,7 +48,8 @@ from kernelcraft.judge.process.sideproc import RUN, SideProc, end_candidate
 
 def start(ev, k: int, accepted: Acceptance) -> list[SideProc]:
     """k - 1 more candidate processes beside `ev.cand`, each imported, constructed, lent the candidate's arenas
-    and checked once against the reference on a fresh draw. Registered with the audit as `candidate.N`."""
+    checked once against the reference on a fresh draw and once with new weights (not in a re-measure, as for the
+    first process). Registered with the audit as `candidate.N`."""
     sibs: list[SideProc] = []
     for j in range(1, k):
         side = ev.spawn_candidate()
@@ -69,10 +74,15 @@ def start(ev, k: int, accepted: Acceptance) -> list[SideProc]:
             torch.cuda.synchronize()
         ev._check_mutation(f"candidate process {j + 1} of {k}")
         ref_out, cand_out, _ = ev._trial_outputs(replies)
+        if ev.guarded and not ev.large_outputs:  # its in-process tripwires, as after the first process's trials
+            side.request({"cmd": "audit"}, phase="time")
         cmp = accepted.compare(ref_out, cand_out, on=ev.device)
         if not cmp.ok:
             raise Reject("incorrect", cmp.reasons, f"candidate process {j + 1} of {k} (a fresh process for "
                          f"timing) failed its correctness trial: {cmp.message}")
+        if not ev.job.get("remeasure"):  # as for the first process (`worker`); a re-measure keeps the first run's check
+            weights.check_process(ev, side, f"candidate process {j + 1} of {k} (a fresh process for timing): ",
+                                  accepted)
     return sibs
 
 
