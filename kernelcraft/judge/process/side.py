@@ -313,8 +313,10 @@ class Side:
         return all(tripwires.same_values(b, o) for b, o in zip(self.outs, items) if b is not None and _is_tensor(o))
 
     def cmd_audit(self, msg: dict, fds) -> dict:
-        """The candidate's in-process tripwires, after a checked call (the judge has its output by then)."""
-        if self.role == "candidate" and self.guarded and not self._snapshot_holds():
+        """The candidate's in-process tripwires. `snapshot`: right after a checked call of this process (the judge has
+        its output by then), whose arena copy must equal the output now; the candidate's processes share one arena,
+        so a later audit may find another process's output there."""
+        if self.role == "candidate" and self.guarded and msg.get("snapshot") and not self._snapshot_holds():
             raise Reject("rejected", ["extra_stream"], "the output changed after forward returned "
                          "(work still running on another stream)")
         if self.role == "candidate" and self.guarded and self.state is not None:

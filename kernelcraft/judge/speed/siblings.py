@@ -75,7 +75,7 @@ def start(ev, k: int, accepted: Acceptance) -> list[SideProc]:
         ev._check_mutation(f"candidate process {j + 1} of {k}")
         ref_out, cand_out, _ = ev._trial_outputs(replies)
         if ev.guarded and not ev.large_outputs:  # its in-process tripwires, as after the first process's trials
-            side.request({"cmd": "audit"}, phase="time")
+            side.request({"cmd": "audit", "snapshot": True}, phase="time")
         cmp = accepted.compare(ref_out, cand_out, on=ev.device)
         if not cmp.ok:
             raise Reject("incorrect", cmp.reasons, f"candidate process {j + 1} of {k} (a fresh process for "
