@@ -10,6 +10,7 @@ import torch
 
 from kernelcraft.evaluate import evaluate
 from kernelcraft.judge.correctness import weights
+from kernelcraft.judge.correctness.acceptance import Acceptance
 from kernelcraft.protocol import Protocol, ProtocolError
 
 from conftest import FIXTURES
@@ -89,14 +90,14 @@ def test_new_weights_catch_an_assumed_groupnorm_by_a_wide_margin():
     entries = [_entry(k, v) for k, v in sd.items()]
     tf32 = 2.0 ** -8
     with torch.no_grad():
-        assert weights.excess(model(x), model.assuming_initial_norm(x), 1e-6, 1e-6) < 1  # exact as constructed
+        assert weights.excess(model(x), model.assuming_initial_norm(x), Acceptance.fixed(1, 1e-6, 1e-6)) < 1  # exact as constructed
         ratios = []
         for seed in range(50):
             torch.manual_seed(seed)
             new, n = weights.perturbed(values, entries)
             assert n == 4
             model.load_state_dict(dict(zip(sd, new)))
-            ratios.append(weights.excess(model(x), model.assuming_initial_norm(x), tf32, tf32))
+            ratios.append(weights.excess(model(x), model.assuming_initial_norm(x), Acceptance.fixed(1, tf32, tf32)))
     assert min(ratios) > 10, sorted(ratios)[:5]
 
 
@@ -104,9 +105,9 @@ def test_excess_is_the_change_in_units_of_the_bound():
     old = torch.tensor([0.0, 1.0, 2.0, float("nan")])
     bound = 1e-3 * 1.29 + 1e-3 * old.abs()  # atol x max(1, RMS of the finite elements) + rtol x |old|
     new = old + torch.tensor([0.0, 0.0, 5.0, 1.0]) * bound
-    assert weights.excess(old, new, 1e-3, 1e-3) == pytest.approx(5.0, rel=1e-2)
-    assert weights.excess((old, torch.arange(3)), (old, torch.arange(3) + 1), 1e-3, 1e-3) == 0.0  # ints, NaN skipped
-    assert weights.excess(torch.arange(3), torch.arange(3), 1e-3, 1e-3) is None
+    assert weights.excess(old, new, Acceptance.fixed(1, 1e-3, 1e-3)) == pytest.approx(5.0, rel=1e-2)
+    assert weights.excess((old, torch.arange(3)), (old, torch.arange(3) + 1), Acceptance.fixed(2, 1e-3, 1e-3)) == 0.0  # ints, NaN skipped
+    assert weights.excess(torch.arange(3), torch.arange(3), Acceptance.fixed(1, 1e-3, 1e-3)) is None
 
 
 def test_match_names_what_differs():
