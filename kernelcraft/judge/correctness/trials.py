@@ -35,14 +35,14 @@ def run_trials(ev) -> Acceptance:
     """The trials of `ev` (a `worker.Evaluation`); raises `Reject` with the first failure. Returns what they
     accepted (`acceptance`): the rule every later output of this evaluation is held to."""
     p = ev.p
-    trials = p["trials"]
+    trials = p.trials
     passed, max_abs, max_rel, atol, rtol = 0, 0.0, 0.0, None, None
     prev = getattr(ev, "first_out", None)  # the candidate's unjudged first answer (`Evaluation.first_call`)
     prev_ref = None  # the reference's answer to the inputs a partial trial changes (kept only before one)
-    rule = precision.Rule(p, ev.out_specs, ev.device, ev.ref,  # calibrated or fixed (issue 16)
+    rule = precision.Rule(p.model_dump(), ev.out_specs, ev.device, ev.ref,  # calibrated or fixed (issue 16)
                           on_host=getattr(ev, "copy_device", None) is not None,
                           tf32_convolutions=getattr(ev, "tf32_convolutions", False))
-    shares = [None] * trials + partial.shares(p.get("partial_trials", 0))  # None: a fresh draw
+    shares = [None] * trials + partial.shares(p.partial_trials)  # None: a fresh draw
     partials = {"partial_trials": 0, "partial_skipped": 0}
     for t, share in enumerate(shares):
         if share is None:
@@ -86,8 +86,8 @@ def run_trials(ev) -> Acceptance:
             continue
         if moved:  # the judge's copies went to host memory: so do the answers it keeps
             prev, prev_ref = _tensors(prev, torch.Tensor.cpu), _tensors(prev_ref, torch.Tensor.cpu)
-        cmp = compare_outputs(ref_out, cand_out, p["atol"], p["rtol"], on=ev.device)
-        cmp = rule.trial(ref_out, cand_out, truth, cmp, p["atol"], p["rtol"])
+        cmp = compare_outputs(ref_out, cand_out, p.atol, p.rtol, on=ev.device)
+        cmp = rule.trial(ref_out, cand_out, truth, cmp, p.atol, p.rtol)
         if cmp.ok and share is not None and prev is not None and prev_ref is not None \
                 and tripwires.same_values(prev, cand_out) and not compare_outputs(prev_ref, ref_out, on=ev.device).ok:
             raise Reject("incorrect", ["stale_output"], f"{when}: the candidate returned its previous answer bit for "
@@ -122,10 +122,10 @@ def run_trials(ev) -> Acceptance:
         raise Reject("incorrect", final.reasons, f"over {trials + partials['partial_trials']} trials: "
                      + final.message)
     rule.release()
-    accepted = rule.acceptance(p["atol"], p["rtol"])
+    accepted = rule.acceptance(p.atol, p.rtol)
     if ev.guarded:
         ev.result["guards"] += ["process_state", "threads", "output_snapshot"]
-    if p["mode"] == "strict":
+    if p.mode == "strict":
         ev.result["guards"].append("own_kernel")
         ev.redraw()
         ev.cand.request(dict(cmd="own_kernel", kernel_names=ev.job.get("kernel_names") or []),

@@ -192,7 +192,7 @@ def load_state(side, msg: dict, fds) -> dict:
 # -- the judge ------------------------------------------------------------------------------------------------------
 def record_mode(ev, replies: dict[str, dict]) -> None:
     """The module mode in the judge's record, with what each side's construction left (before it was set)."""
-    ev.result["module_mode"] = {"mode": ev.p.get("module_mode", "train"),
+    ev.result["module_mode"] = {"mode": ev.p.module_mode,
                                 "reference_init": replies["reference"].get("init_mode"),
                                 "candidate_init": replies["candidate"].get("init_mode")}
     ev.result["guards"].append("module_mode")
@@ -497,7 +497,7 @@ def _trial(ev, side, ref: list[dict], rec: dict, phase: str, who: str, accepted:
     cmp = accepted.compare(r1, c1, on=ev.device)
     if not cmp.ok:
         if not rec["changed_output"]:  # the new weights changed nothing: this is a plain wrong answer
-            raise Reject("incorrect", cmp.reasons, f"{who}trial {p['trials'] + 1} (after new weights): {cmp.message}")
+            raise Reject("incorrect", cmp.reasons, f"{who}trial {p.trials + 1} (after new weights): {cmp.message}")
         follows_old = accepted.compare(r0, c1, on=ev.device).ok
         why = ("its outputs are those of the weights it was constructed with (a copy taken at construction?)"
                if follows_old else "its outputs were right only for the weights it was constructed with")

@@ -68,6 +68,7 @@ from kernelcraft.judge.process import jobs  # noqa: E402
 from kernelcraft.judge.process.jobs import Channel, Warm  # noqa: E402,F401  (Channel: the result channel's class)
 from kernelcraft.judge.process.procs import CHANNEL_FD_VAR  # noqa: E402
 from kernelcraft.judge.process.sideproc import RUN, SideProc  # noqa: E402
+from kernelcraft.protocol import Protocol  # noqa: E402
 
 HOST_SHARE = 1 / 3  # inputs + outputs above this share of the GPU: the judge's copies in host memory (`_place_copies`)
 HOST_SHARE_VAR = "KERNELCRAFT_JUDGE_HOST_SHARE"  # overrides it (tests force host copies on small tasks with 0)
@@ -87,8 +88,8 @@ class Evaluation:
         self.stateful = False  # the reference's forward changes plain-attribute state (set by `describe`)
         self.large_outputs = False  # outputs above side.LARGE_OUTPUT_BYTES on a GPU (set by `_place_copies`)
         self.device = torch.device("cuda:0" if job["device"].startswith("cuda") else "cpu")
-        self.p = job["protocol"]  # the resolved Protocol (kernelcraft.protocol): every knob set, no defaults here
-        self.guarded = self.p["runtime_guards"]
+        self.p = Protocol.make(job["protocol"])  # validated: a job's rules are a value, never a loose dict
+        self.guarded = self.p.runtime_guards
         self.rng = random.Random(secrets.randbits(64))  # round order, audit moments: never the job's seed
         self.build_s = 0.0
         self.result: dict = {"guards": [], "env": {
@@ -122,7 +123,7 @@ class Evaluation:
             self.ref.request(dict(cmd="import", path=job["task_path"], **common), phase="reference")
         device_scope = job.get("lock_scope") == "device"
         self.enter("prepare")  # the candidate's side: CUDA, strict mode's kernel tracer, trusted imports; off the lock
-        strict = p["mode"] == "strict"
+        strict = p.mode == "strict"
         self.cand_import = dict(cmd="import", path=job["candidate_path"], strict=strict, guarded=self.guarded,
                                 preload=job.get("preload", ()), **common)
         self.cand.request(dict(self.cand_import, cmd="prepare"), phase="prepare")
@@ -150,7 +151,7 @@ class Evaluation:
         if not job.get("remeasure"):
             weights.require_drop_in(self)  # a state_dict that cannot take the reference's fails before timing
         self._audit()
-        if p["timing"]:
+        if p.timing:
             self.enter("time")
             rounds.time_candidate(self, accepted)  # the timed rounds (judge/speed/rounds.py)
         self.enter("check")
@@ -186,8 +187,8 @@ class Evaluation:
         except Exception as e:
             raise Reject("runtime_error", ["task_error"], "the task's get_init_inputs() failed: "
                          + failures.describe_exception(e)) from None
-        self.construct_msg = msg = dict(cmd="construct", init=init, seed=self.p["seed"],
-                                        module_mode=self.p["module_mode"])
+        self.construct_msg = msg = dict(cmd="construct", init=init, seed=self.p.seed,
+                                        module_mode=self.p.module_mode)
         warm = self.warm
         sides = (self.cand,) if warm else (self.ref, self.cand)  # a warm reference is constructed already
         replies = {s.role: s.request(msg, phase="init") for s in sides}

@@ -39,7 +39,7 @@ def time_candidate(ev, accepted: Acceptance) -> None:
     taken: dict[str, list] = {}  # this round's outputs, copied when each side's timed call ended ...
     intact: dict[str, bool] = {}  # ... and whether its inputs were still the judge's then
     left = {"reference": [], "candidate": []}
-    k = max(1, int(p.get("processes") or 1)) if ev.spawn_candidate is not None else 1
+    k = max(1, int(p.processes or 1)) if ev.spawn_candidate is not None else 1
     procs = [ev.cand]  # the candidate's processes; more are started under the lock below (`siblings`)
     order = siblings.Schedule(k, ev.rng.randrange(1 << 30))
 
@@ -121,8 +121,8 @@ def time_candidate(ev, accepted: Acceptance) -> None:
             side.request(NULL, phase="time")  # pays one-off costs (lazy CUDA state) that no later one does
         run = timing.measure(
             time_ref, time_cand, time_null, next_round, check_round,
-            cuda=ev.device.type == "cuda", budget_s=p["time_budget_s"], target=p["target_ci"],
-            min_rounds=max(p["min_rounds"], siblings.BLOCK * k if k > 1 else 1), warmup_rounds=3 * k,
+            cuda=ev.device.type == "cuda", budget_s=p.time_budget_s, target=p.target_ci,
+            min_rounds=max(p.min_rounds, siblings.BLOCK * k if k > 1 else 1), warmup_rounds=3 * k,
             interval=interval, seed=ev.rng.randrange(1 << 30), billed=ledger.billed_ms)
     if sibs:
         siblings.end(ev, sibs)
