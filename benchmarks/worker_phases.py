@@ -44,20 +44,21 @@ except ImportError:
 from kernelcraft.judge.process import isolation  # noqa: E402
 from kernelcraft.judge.correctness import partial, precision, weights
 from kernelcraft.judge.speed import rounds, timing
-from kernelcraft.judge.tripwires import calls as tripwires
 from kernelcraft.judge.process import side as side_mod, sideproc, worker as W  # noqa: E402
 from kernelcraft.judge.correctness import trials
+from kernelcraft.judge.correctness.acceptance import Acceptance, Sample
+from kernelcraft.judge.speed import treecpu
 from kernelcraft.candidate import preloads  # noqa: E402
 from kernelcraft.judge.caller.screen import screen  # noqa: E402
 from kernelcraft.protocol import Protocol  # noqa: E402
 from kernelcraft.task import load_task  # noqa: E402
 
-STEPS = [(trials, "compare_outputs"), (tripwires.SpotChecker, "agrees"), (isolation, "freeze"), (isolation, "thaw"),
+STEPS = [(trials, "compare_outputs"), (Acceptance, "compare"), (Sample, "take"), (treecpu, "tree_cpu_ns"), (isolation, "freeze"), (isolation, "thaw"),
          (isolation.Audit, "problems"), (timing.RoundTripClock, "settle"), (timing.RoundTripClock, "flush"),
          (sideproc.SideProc, "request"), (sideproc.SideProc, "timed"), (precision.Rule, "truth"),
          (precision.Rule, "trial"), (precision.Rule, "_pool"), (partial, "mix"), (weights, "check"),
          (rounds, "time_candidate")] + [(W.Evaluation, n) for n in (
-             "_draw", "_write_inputs", "_inputs_intact", "_poison", "_output", "_construct", "_check", "_time", "run")]
+             "_draw", "_write_inputs", "_inputs_intact", "_poison", "_output", "_construct", "run")] + [(trials, "run_trials")]
 
 
 PEAK = {"used": 0}  # bytes of device memory in use, all processes, the most seen by `watch_memory`
