@@ -97,7 +97,7 @@ def _bench_table(s: dict) -> None:
             fp = m["fast_p"] or {}
             t.add_row(name, f"{m['correct']}/{m['tasks']}" + _unverifiable(m), _fx(m["geomean_speedup_correct"]),
                       _fx(m["median_speedup_correct"]), _fpct(fp.get("1")), _fpct(fp.get("2")))
-        print_table(t)
+        print_table(t, out)
         if any(m.get("unverifiable") for m in s["baselines"]["summary"].values()):
             out.print("[dim](+N?): N failures whose reference could not judge them (unverifiable_reference: it draws "
                       "random numbers or is ill-conditioned in fp32)[/dim]")
@@ -105,7 +105,7 @@ def _bench_table(s: dict) -> None:
     t = _scores_table(s, " ")
     if out.is_terminal and not fits(t):
         t = _scores_table(s, "\n")  # a narrow terminal: each geomean's interval on a line of its own
-    print_table(t)
+    print_table(t, out)
     out.print("[dim]fP: correct and speedup > P, over all tasks · geomean/median: all tasks, failures as 1.0, "
               "[CI from the per-task CIs] · geo ok: correct tasks only · /compile: against each task's best "
               "correct torch.compile baseline · (+N?): N failures whose reference could not judge them "
