@@ -238,8 +238,9 @@ def test_fixed_heap_makes_a_calls_page_faults_independent_of_the_process_history
             return min(calls(10) // 256, 254)
         return _in_child(child)
 
-    assert steady(fixed=True, history=False) == steady(fixed=True, history=True) == 0
-    assert steady(fixed=False, history=False) >= 10 * 7 and steady(fixed=False, history=True) == 0
+    # (at most 1 MiB of stray faults: the interpreter's own allocations, a page the kernel took back)
+    assert steady(fixed=True, history=False) <= 1 and steady(fixed=True, history=True) <= 1
+    assert steady(fixed=False, history=False) >= 10 * 7 and steady(fixed=False, history=True) <= 1
 
 
 def test_wire_refuses_oversized_and_non_object_frames():
