@@ -39,7 +39,7 @@ def run_trials(ev) -> Acceptance:
     passed, max_abs, max_rel, atol, rtol = 0, 0.0, 0.0, None, None
     prev = getattr(ev, "first_out", None)  # the candidate's unjudged first answer (`Evaluation.first_call`)
     prev_ref = None  # the reference's answer to the inputs a partial trial changes (kept only before one)
-    rule = precision.Rule(p.model_dump(), ev.out_specs, ev.device, ev.ref,  # calibrated or fixed (issue 16)
+    rule = precision.Rule(p.model_dump(), ev.out_specs, ev.device, ev.ref,  # calibrated or fixed
                           on_host=getattr(ev, "copy_device", None) is not None,
                           tf32_convolutions=getattr(ev, "tf32_convolutions", False))
     shares = [None] * trials + partial.shares(p.partial_trials)  # None: a fresh draw
