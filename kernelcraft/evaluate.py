@@ -103,7 +103,7 @@ def remeasure_protocol(proto: Protocol, offset: int) -> Protocol:
     lowest run, so a re-measure can only lower what is reported: a candidate fast and wrong in a later worker
     earns nothing from it. Its checks therefore need not repeat the first run's (which judged correctness,
     partial-key caches and the weights in full, and whose records the verdict keeps); they keep the calibrated
-    rule on one fresh draw, which also sets the timed rounds' spot-check tolerance. The weights trial is
+    rule on one fresh draw, which also sets what the timed rounds are held to (`Acceptance`). The weights trial is
     skipped too (`worker`, job key `remeasure`). That halves the judge's device time for a re-measured
     candidate (issue 15's throughput)."""
     return proto.with_(seed=proto.seed + offset, trials=min(proto.trials, REMEASURE_TRIALS), partial_trials=0)

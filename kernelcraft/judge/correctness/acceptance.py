@@ -57,7 +57,8 @@ class Acceptance:
 
     @classmethod
     def fixed(cls, n: int, atol, rtol) -> "Acceptance":
-        """The fixed rule for every output (timing without trials, a protocol with `precision` fixed)."""
+        """The fixed rule for every one of `n` outputs (what `precision.Rule.acceptance` gives an output without
+        float64 truth; callers outside an evaluation use it to state that rule)."""
         return cls(tuple(Bound("fixed", atol, rtol) for _ in range(n)))
 
     def compare(self, ref, cand, on: torch.device | None = None) -> Comparison:

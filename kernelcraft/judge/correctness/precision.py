@@ -47,8 +47,9 @@ Design decisions
   A candidate that then misses the fixed rule fails with a second reason, `unverifiable_reference`, and the
   message says why the reference could not judge it: an honest rewrite of an ill-conditioned or random
   reference is told apart from a wrong one by no rule, and the record must not read as if it were.
-- Timed rounds have no truth: their spot checks use a tolerance derived from the trials, 4x the worst |c - r|
-  the trials saw (|c - t| + |r - t|, each at least the TF32 envelope's, never below the fixed tolerance), so
+- Timed rounds have no truth: their outputs are held to what the trials accepted (`acceptance`, made by
+  `acceptance()` here), 4x the worst |c - r| the trials saw (|c - t| + |r - t|, each at least the TF32 envelope's),
+  elementwise and as an RMS, relative to the output's own RMS and never below the fixed atol relative to it, so
   the honest output accepted in the trials is accepted in timing, also when cuDNN moves the reference to
   another algorithm (TF32 or not) once the trials' memory is released, and a stale one is still wrong by far
   more. Where the reference's convolutions may run in TF32 and no envelope says how far that goes (its float64
@@ -60,7 +61,7 @@ Design decisions
   five; a 64M-element output in two, 2 x 32M sampled elements fix its RMS to far better than 1%). The float64
   reference was most of the check's device time (a 3-D transposed convolution: seconds per call). Trials without
   truth, partial trials always among them, are held to what the trials with truth accepted, as the timed rounds
-  are (the same tolerance, `timed_tolerance`): a candidate could count its calls and be exact only while truth is
+  are (the same `Acceptance` bound, `bound`): a candidate could count its calls and be exact only while truth is
   taken, but it can already be exact only in the trials and not in the timed rounds; either way its later error
   must stay within 4x the accepted bound (fp16, bf16 or TF32 in an fp32 task are 50x and more beyond it).
 - Memory: every pass is chunked (`compare.chunks`) and retried cheaper on an out-of-memory of the judge's own.

@@ -73,9 +73,7 @@ def run_trials(ev) -> Acceptance:
                     torch.cuda.synchronize()
             stage = "outputs"
             ref_out, cand_out, moved = ev._trial_outputs(replies)  # the candidate's copied before it runs again
-            audited = ev.guarded and not ev.large_outputs  # a large output is read in place: audit after comparing
-            if audited:  # the in-process tripwires (names for attempted cheats), once the output is the judge's
-                ev.cand.request({"cmd": "audit", "snapshot": True}, phase="check")
+            ev.audit_checked_call(ev.cand, "check", compared=False)
             ev._check_mutation(when)
             stage = "sane"
             _reference_sane(ref_out)
@@ -101,8 +99,7 @@ def run_trials(ev) -> Acceptance:
                 raise Reject("incorrect", ["stale_output"], f"{when}: the candidate returned the "
                              "previous trial's output for new inputs (a cached answer)")
             raise Reject("incorrect", cmp.reasons, f"{when}: {cmp.message}")
-        if ev.guarded and not audited:
-            ev.cand.request({"cmd": "audit", "snapshot": True}, phase="check")
+        ev.audit_checked_call(ev.cand, "check", compared=True)
         if ev.large_outputs:  # both sides' cached blocks back to the device before the next float64 call
             for s in (ev.ref, ev.cand):
                 s.request({"cmd": "trim"}, phase="check")

@@ -353,6 +353,13 @@ class Evaluation:
             self.copy_device = torch.device("cpu")
             return (*both(), True)
 
+    def audit_checked_call(self, side: SideProc, phase: str, compared: bool) -> None:
+        """The candidate process `side`'s in-process tripwires (names for attempted cheats) after one of its checked
+        calls, once its output is the judge's: right after the copy (`compared` False), or, for a large output read
+        in place (`in_place`), only once it has been compared (`compared` True). Each call does it exactly once."""
+        if self.guarded and compared == self.large_outputs:
+            side.request({"cmd": "audit", "snapshot": True}, phase=phase)
+
     def _audit(self) -> None:
         found = self.audit.problems()
         if found:

@@ -1,11 +1,12 @@
-"""The timed rounds of one evaluation: the judge's clock around both sides, the candidate's processes, spot checks.
+"""The timed rounds of one evaluation: the judge's clock around both sides, the candidate's processes, output checks.
 
 Design decisions
 - One function of the `worker.Evaluation` it times (`time_candidate`), called after the correctness trials: the
   sequence of a job reads in `worker`, the rounds here. `timing.measure` holds the statistics and knows nothing of
   processes; this module gives it functions that time one call of each side through `sideproc.SideProc.timed`,
-  prepare a round (a fresh draw, poisoned outputs) and check it (inputs re-verified, outputs spot-checked at
-  unpredictable elements or compared whole, audits at random rounds).
+  prepare a round (a fresh draw, poisoned outputs, fresh secret indices) and check it (each side's output and input
+  state copied when its timed call ended, judged by the trials' `Acceptance`; audits at random rounds). Every other
+  request a side answers during timing goes through the CPU ledger (`treecpu`).
 - The candidate's processes (`Protocol.processes`): the extra ones are started and checked under the device lock
   (`siblings.start`), take turns in blocks (`siblings.Schedule`, one untimed round after a switch), are read back
   as stopped at the audit rounds and ended before the weights check; the record's interval spans each process's

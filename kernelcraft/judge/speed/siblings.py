@@ -74,12 +74,12 @@ def start(ev, k: int, accepted: Acceptance) -> list[SideProc]:
             torch.cuda.synchronize()
         ev._check_mutation(f"candidate process {j + 1} of {k}")
         ref_out, cand_out, _ = ev._trial_outputs(replies)
-        if ev.guarded and not ev.large_outputs:  # its in-process tripwires, as after the first process's trials
-            side.request({"cmd": "audit", "snapshot": True}, phase="time")
+        ev.audit_checked_call(side, "time", compared=False)  # as after the first process's trials
         cmp = accepted.compare(ref_out, cand_out, on=ev.device)
         if not cmp.ok:
             raise Reject("incorrect", cmp.reasons, f"candidate process {j + 1} of {k} (a fresh process for "
                          f"timing) failed its correctness trial: {cmp.message}")
+        ev.audit_checked_call(side, "time", compared=True)
         if not ev.job.get("remeasure"):  # as for the first process (`worker`); a re-measure keeps the first run's check
             weights.check_process(ev, side, f"candidate process {j + 1} of {k} (a fresh process for timing): ",
                                   accepted)
