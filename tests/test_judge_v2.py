@@ -12,6 +12,8 @@ import resource
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -207,36 +209,45 @@ def test_arena_bytes_cross_to_a_forked_side():
     assert bool((a.tensors[2] == 7).all())
 
 
+_HEAP_CALLS = """
+import ctypes, resource, sys
+from kernelcraft.judge.process import heap
+fixed, history = sys.argv[1] == "1", sys.argv[2] == "1"
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+
+def calls(n, size=1 << 20):  # minor page faults of n calls
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(n):
+        bufs = [libc.malloc(size) for _ in range(8)]
+        for b in bufs:
+            ctypes.memset(b, 1, size)
+        for b in reversed(bufs):
+            libc.free(b)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+if fixed and not heap.fix():
+    sys.exit(255)
+if history:
+    calls(1, 8 << 20)
+calls(2)
+sys.exit(min(calls(10) // 256, 254))
+"""
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc thresholds")
 def test_fixed_heap_makes_a_calls_page_faults_independent_of_the_process_history():
     """A side's heap settings (`heap.fix`): a call that allocates, writes and frees eight 1 MiB buffers faults
     their pages in during the first calls only, whether or not the process freed larger blocks before (the
     reference's float64 evaluation does). Without them the same calls cost a fresh process 8 MiB of faults every
     time and a process with that history none (glibc's thresholds adapt to what it freed before): the
-    reference's own code timed slower as the candidate."""
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-
-    def calls(n: int, size: int = 1 << 20) -> int:  # minor page faults of n calls
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        for _ in range(n):
-            bufs = [libc.malloc(size) for _ in range(8)]
-            for b in bufs:
-                ctypes.memset(b, 1, size)
-            for b in reversed(bufs):
-                libc.free(b)
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-    def steady(fixed: bool, history: bool) -> int:  # MiB faulted in by 10 calls after two warm-up calls, in a child
-        def child():
-            if fixed and not heap.fix():
-                return 255
-            if history:
-                calls(1, 8 << 20)
-            calls(2)
-            return min(calls(10) // 256, 254)
-        return _in_child(child)
+    reference's own code timed slower as the candidate. Each case runs in a fresh interpreter: a forked child
+    would inherit the test process's own malloc history."""
+    def steady(fixed: bool, history: bool) -> int:  # MiB faulted in by 10 calls after two warm-up calls
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+        return subprocess.run([sys.executable, "-c", _HEAP_CALLS, str(int(fixed)), str(int(history))],
+                              env=env, timeout=120).returncode
 
     # (at most 1 MiB of stray faults: the interpreter's own allocations, a page the kernel took back)
     assert steady(fixed=True, history=False) <= 1 and steady(fixed=True, history=True) <= 1

@@ -502,8 +502,9 @@ def reference_tampering(judge_pid: int, ref: int, expected: tuple | None = None)
                 found.append(f"the reference's thread {tid} was re-scheduled: affinity/nice/policy/clamps "
                              f"{expected} -> {state}")
                 break
+    # a session's autogroup starts at nice 0; a judge in the boot session has none of its own (nothing to read)
     mine, theirs = _autogroup(judge_pid), _autogroup(ref)
-    if mine and theirs and theirs[0] != mine[0] and theirs[1] != 0:  # a session's autogroup starts at nice 0
+    if theirs and (mine is None or theirs[0] != mine[0]) and theirs[1] != 0:
         found.append(f"the reference's session was re-scheduled: its autogroup's nice value is {theirs[1]}")
     pending = pending_signals(ref)
     if pending:
