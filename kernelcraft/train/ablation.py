@@ -1,23 +1,11 @@
 """Does contrastive RL learn here? The stand-in experiment: split, warm-up, arms x seeds, baselines, CIs.
 
 `kernelcraft train learn --out runs/learn` runs it on the CPU tiny tier (the GPU tier with `--device cuda`).
+Tasks are split within each level; every valid program is judged once into the verdict cache before any run,
+so arms and seeds see the same measurements; the baselines (the `recipes` search, random programs) get the
+same evaluations per held-out task. Output: OUT/summary.json, table.json, ablation.md, a run per arm and seed.
 
-Design decisions
-- Tasks are split by a seeded draw within each level (`heldout_fraction` of each level held out), so no
-  task is in both and every level is on both sides. A task the recipes analysis cannot trace is left out
-  and listed.
-- Warm-up: every valid program of every task (`programs.enumerate_programs`) is judged once into the
-  verdict cache before any run, in batches over the judge's jobs. Runs then never wait for a worker and
-  every arm and seed sees the same measurement of a (task, program) pair: arms differ by what they
-  learnt, not by timing noise. The table also gives each held-out task's best program (the oracle), the
-  ceiling the numbers are read against; no policy is shown it.
-- Arms x seeds run one after another in this process, each in OUT/<arm>/seed-<s>/ (a training run for
-  `kernelcraft report`: its `metrics.jsonl` has the held-out curve). The summary gives per arm the mean
-  and a 95% t-interval over seeds of the held-out numbers at the end, and at the start of GRPO.
-- Baselines at the same number of evaluations per held-out task (`eval_samples`): the hand-written
-  `recipes` search (its own proposal loop, one proposal per round, contrastive exemplars from its own
-  history, exactly as `optimize` drives it) and uniform random programs, both judged through the same
-  cache; compared on the geomean of each task's best speedup.
+Rationale: docs/design/train.md#ablation
 """
 from __future__ import annotations
 
@@ -192,7 +180,7 @@ def experiment(out: str | Path, *, tasks: str = "tiny", device: str = "cpu", see
 
 def arm_rows(results: dict[str, list[dict]]) -> dict:
     """Per arm, over seeds: each held-out number at the end and at GRPO's start (mean, 95% half-width), and
-    GRPO's gain (end − start, per seed: the done-when compares it with the seeds' spread)."""
+    GRPO's gain (end − start, per seed: read against the seeds' spread)."""
     rows = {}
     for arm, rs_ in results.items():
         row = {"samples": [r["samples"] for r in rs_]}

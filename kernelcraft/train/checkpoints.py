@@ -1,12 +1,9 @@
 """Checkpoints and resume: which trainer checkpoint a stage restarts from after a kill.
 
-Design decisions
-- transformers' Trainer writes `checkpoint-<step>/` and, last, `trainer_state.json`; a kill can leave a
-  newer checkpoint half-written. A checkpoint counts only when every file the stage needs is there
-  (`trainer_state.json`, plus the reward state GRPO saves beside it), and the newest complete one wins —
-  transformers' own `get_last_checkpoint` would pick a half-written one.
-- A stage is done when its final `model/` directory exists (written whole, `models.save_merged`): a rerun
-  skips it. So re-running a command after a kill resumes it, and re-running a finished one is a no-op.
+A checkpoint counts only when every file the stage needs is there and `trainer_state.json` parses; the
+newest complete one wins. A stage is done when its `model/` holds a `config.json`.
+
+Rationale: docs/design/train.md#checkpoints
 """
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """The training run's configuration: one YAML file, validated by pydantic before anything runs.
 
-Design decisions
-- One file describes the whole run (model, data, reward service, the three stages, budget), so a run is
-  reproducible from its config and its output directory. Every section forbids unknown keys: a typo is
-  an error naming the key, never a silently ignored setting.
-- Relative paths are relative to the config file's directory (a config and its data move together).
-- The reward service's per-request options are the judge's `Protocol` knobs plus `device`, validated here
-  with `Protocol.make` (the same bounds as everywhere), less those that only weaken the judge.
-- Secrets never sit in the file: the service key and an LLM key are read from environment variables
-  named in the config (`api_key_env`).
-- GRPO's batch is given as prompts per step x group size (TRL's `per_device_train_batch_size` is their
-  product on one process), the quantities the issue's ablations talk about.
+Every section forbids unknown keys; relative paths start at the config file's directory; `service.options`
+are `Protocol` knobs plus `device`, checked with `Protocol.make`, never a knob in `protocol.WEAKENING`;
+secrets come from environment variables the config names (`api_key_env`), never from the file.
+
+Rationale: docs/design/train.md#config
 """
 from __future__ import annotations
 

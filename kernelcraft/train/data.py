@@ -1,23 +1,11 @@
 """Training data (`kernelcraft train data`): correct candidates with the prompts that produced them.
 
-Design decisions
-- Two sources. Run databases (`optimize` runs): every `correct` candidate, with its stored prompt and the
-  model's reply when an LLM wrote it (else a prompt without exemplars and a template completion).
-  Pairs files (the CUDA-L1 release format, read by `bench.sources`; a `custom_code` of "None" is no
-  kernel): a row enters only when a verdict of
-  our judge — a `verdicts.jsonl` written by `kernelcraft bench` on that file — matched to the row by the
-  SHA-256 of its reference and of its candidate says `correct`; a row with conflicting verdicts, or none,
-  stays out. The speedup recorded is our judge's, never the file's own score. The card counts every step.
-- Deduplicated by (task, normalised candidate source: `candidate.normalized_hash`, comments and formatting
-  do not count); of duplicates the fastest is kept.
-- Split by task, never by example: a task's identity is its reference code with the problem sizes
-  blanked (the AST, module-level constants' values removed), so the CPU and GPU tiers of a built-in task,
-  or CUDA-L1's older-sized reference of a KernelBench task, are one task; a task is held out when a
-  seeded hash of that identity falls below `heldout_fraction`. Hashing, not shuffling, keeps every task
-  on its side of the split as sources are added, so a later dataset never leaks a held-out task.
-- Output in OUT/data: `train.jsonl`, `heldout.jsonl` (TRL's conversational prompt/completion rows plus
-  task, origin and speedup), and a dataset card (`card.md`, `card.json`): counts per source and split,
-  sources, licences (each pairs file's LICENSE beside it), the settings used.
+Sources: run databases (their `correct` candidates) and pairs files (a row only with this judge's `correct`
+verdict, at its lowest speedup). Deduplicated by (task, normalised source), the fastest kept; split by task
+(`task_key`: the reference's AST with its sizes blanked) through a seeded hash, so a task never crosses the
+split as data grows. Writes OUT/data/{train,heldout}.jsonl and the dataset card.
+
+Rationale: docs/design/train.md#data
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
-"""Sampling for self-training: k completions per prompt from the current model, or from a server.
+"""Sampling for self-training: completions per prompt from the current model, or from a server.
 
-Design decisions
-- transformers' `generate` on the model directory (chat template, left padding, batches of
-  `generation_batch`), seeded from the run's seed and round, so a round samples the same after a resume.
-  Temperature 0 is greedy decoding.
-- Or an OpenAI-compatible server (vLLM's `serve`) when `selftrain.generator` is set: the requests of a
-  round are in flight together (bounded by `concurrency`) through the `openai` SDK (extra `llm`). The
-  server must serve the round's input model; the stage prints which directory that is.
-- Returns (text, completion tokens) per prompt, in order: tokens/s is logged per round.
+transformers' `generate` (seeded by the run's seed and the round; temperature 0 is greedy) or an
+OpenAI-compatible server (`selftrain.generator`, which must serve the round's input model). Returns
+(text, completion tokens) per prompt, in order.
+
+Rationale: docs/design/train.md#generate
 """
 from __future__ import annotations
 

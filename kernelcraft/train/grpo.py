@@ -1,21 +1,11 @@
 """Stage 3 (`kernelcraft train grpo`): contrastive GRPO on TRL's GRPOTrainer, rewarded by the service.
 
-Design decisions
-- Prompts are built on the fly: the train dataset is a `datasets.IterableDataset` over a generator that
-  picks a task and draws its exemplars from the exemplar database at the moment the trainer asks (TRL
-  repeats each prompt `group_size` times, so a group shares one prompt). Correct completions go back into
-  the database, so later prompts show what training found. `shuffle_dataset=False` (the generator draws
-  at random itself; a shuffle buffer would build a thousand prompts ahead) and `ignore_data_skip=True`
-  (a resume draws fresh prompts instead of replaying consumed ones).
-- The reward is `rewards.KernelReward` behind an async TRL reward function (the service call runs in a
-  thread); smoothed per task, so TRL's own group scaling is off (`scale_rewards="none"`) and the
-  advantage is the smoothed reward minus its group mean. KL coefficient β from the config.
-- Metrics: TRL's (kl, reward, lengths, ...) plus ours through TRL's `log_metric` (correctness rate,
-  fast_1, raw and smoothed reward, evaluations) and, per log, evaluations/min, reward-call latency
-  p50/p95 and generation tokens/s (completion tokens over the time from step start to the reward call).
-- Resume: the reward state (smoothing windows, evaluation count, training time) is saved inside each
-  checkpoint, and only a checkpoint holding it counts as complete. The budget (evaluations, wall
-  seconds, both across resumes) stops training at a step boundary, then the model is saved.
+Prompts are drawn on the fly from the exemplar database (one per group); the reward is `KernelReward.score`,
+smoothed per task, so TRL's group scaling is off (`scale_rewards="none"`). The reward state is saved in each
+checkpoint, and only a checkpoint holding it counts as complete; the budget (evaluations, wall seconds,
+across resumes) stops training at a step boundary.
+
+Rationale: docs/design/train.md#grpo
 """
 from __future__ import annotations
 

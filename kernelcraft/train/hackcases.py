@@ -1,15 +1,10 @@
 """The hack-case table: every rejected or suspicious candidate training produced, with code, verdict and
 reason — a labelled dataset of reward-hacking attempts, exportable as JSON lines.
 
-Design decisions
-- stdlib `sqlite3` (WAL) in OUT/hackcases.db, one row per (task, normalised source, reason): a policy that
-  keeps producing the same hack adds a `count`, not rows. Append-only otherwise, so a resumed run keeps
-  what it found before the kill.
-- Labels: `hack` (the judge rejected it, a re-measured jump did not reproduce, or a judge model vetoed
-  it) and `suspicious` (a jump that reproduced and was rewarded). `reason` is machine-readable (the
-  verdict's reason codes or the check that fired); `detail` is the human message.
-- `similar(code)` ranks stored cases by token-set Jaccard similarity (stdlib; enough to put the most alike
-  cases in a judge model's context, no embedding model needed).
+sqlite (WAL) in OUT/hackcases.db, one row per (task, normalised source, reason) with a `count`; labels `hack`
+and `suspicious`; `similar(code)` ranks stored cases by token-set Jaccard similarity.
+
+Rationale: docs/design/train.md#hackcases
 """
 from __future__ import annotations
 

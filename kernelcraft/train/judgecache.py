@@ -1,17 +1,10 @@
 """Verdicts of identical (task, candidate, options) judged once: a persistent cache in front of any evaluator.
 
-Design decisions
-- The reward (`rewards.KernelReward`) takes any evaluator with `evaluate_batch(items) -> verdicts`; this is
-  one, wrapping another: the in-process judge (`LocalJudge`, `kernelcraft.evaluate`) or the service's client.
-  KernelReward already remembers verdicts within one run; this cache outlives the run, so an experiment of
-  many runs (arms x seeds, the recipes search beside them) pays for each distinct (task, program) once.
-- The key is the SHA-256 of the task source, the candidate's normalised hash (`candidate.normalized_hash`,
-  the reward's own identity of a candidate) and the options, canonical JSON. A cached verdict is the
-  measurement of that pair; re-asking does not re-measure, so timing noise is frozen per pair — the
-  experiment's numbers say so.
-- One JSON line per verdict, appended and flushed as it arrives: a killed warm-up keeps what it judged; a
-  torn last line is skipped on load. Misses of one batch are judged together (the wrapped evaluator's own
-  concurrency).
+Key: the SHA-256 of the task source, the candidate's normalised hash, a hash of the options. A cached verdict
+is never re-measured (timing noise is frozen per pair). One JSON line per verdict, appended as it arrives; a
+torn line is skipped on load.
+
+Rationale: docs/design/train.md#judgecache
 """
 from __future__ import annotations
 

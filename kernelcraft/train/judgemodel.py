@@ -1,14 +1,9 @@
 """An optional judge model: an OpenAI-compatible LLM that reviews suspicious candidates and may veto them.
 
-Design decisions
-- Never the only gate: it is asked only about candidates our judge already found `correct` whose speedup
-  jumped (and reproduced in fresh workers). It can take a reward away (veto), never grant one.
-- Its context is the reference, the candidate, why it was flagged, and the most similar stored hack cases
-  with their labels (`HackCases.similar`), so it reviews by precedent. The words are templates in
-  `train/prompts/judge_*.md`.
-- The answer must be one JSON object `{"hack": bool, "reason": str}`; anything else, or an endpoint
-  error, is no veto (recorded as `review.error`): a flaky reviewer must not decide rewards.
-- The official `openai` SDK (extra `llm`), as the `openai:MODEL` policy uses it.
+Asked only about reproduced jumps of `correct` candidates; it can take a reward away, never grant one. A
+reply that is not `{"hack": bool, "reason": str}`, or an endpoint error, is no veto.
+
+Rationale: docs/design/train.md#judgemodel
 """
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
 """One training run of the stand-in policy: SFT -> self-training -> GRPO, scored on held-out tasks as it goes.
 
-Design decisions
-- The three stages are the pipeline's (`sft`, `selftrain`, `grpo`) on the stand-in (`standin.StandIn`),
-  and every judged sample goes through the pipeline's reward (`rewards.KernelReward`: verdict -> raw
-  reward -> per-task smoothing and clipping); only the judge behind it is swapped for the persistent
-  cache over the in-process judge (`judgecache`).
-- An arm is which stages run and how prompts show exemplars (`ARMS`). Every arm spends the same number of
-  judged samples, the sample budget: SFT data D (random valid programs on the training tasks, judged, the
-  correct ones kept — the "correct variants" of CUDA-L1's stage 1) plus B more. `sft` spends B on more SFT
-  data; `selftrain` on two self-training rounds; the GRPO arms on one self-training round (`st_share` of
-  B) and GRPO (the rest). Held-out evaluations are not counted: they measure, they do not train.
-- Exemplars (modes `contrastive`, `random`) come from a per-task store of this run's correct samples
-  (SFT data and everything judged since), drawn with the search's own selectors
-  (`search.exemplars.select`: score buckets at τ, or uniform). The store is seeded from the SFT data, so
-  the exemplar arms' SFT prompts show exemplars too and the format is learnt before RL.
-- Held-out evaluation is an episode per held-out task: `eval_samples` samples one after another, each
-  prompt showing exemplars from that episode's correct samples so far (none in the no-exemplar arms): the
-  way a trained policy is used on a new task. Its sampling stream is re-seeded at every evaluation, so
-  points of one curve differ by the model only. Scored raw (no smoothing): mean raw reward (speedup,
-  failures 0), correctness, geomean speedup per sample and of each task's best (a failure counts 1.0:
-  the reference is kept), logged to `metrics.jsonl` as stage `heldout` at the GRPO step.
+An arm (`ARMS`) is which stages run and how prompts show exemplars; every arm spends the same judged-sample
+budget (SFT data plus `budget`), held-out evaluations not counted. A held-out evaluation is an episode per
+task (`eval_samples` samples, exemplars from that episode only), re-seeded each time and scored raw.
+
+Rationale: docs/design/train.md#learn
 """
 from __future__ import annotations
 
@@ -167,7 +152,8 @@ class Run:
             self.log.write("selftrain", len(losses), {"loss": sum(losses[-10:]) / len(losses[-10:])}, round=rnd)
 
     def evaluate(self, step: int) -> dict:
-        """The held-out episode (see module docstring)."""
+        """The held-out episode: `eval_samples` samples per held-out task, each prompt showing exemplars from
+        this episode's correct samples only; re-seeded, scored raw (docs/design/train.md#learn)."""
         saved = self.policy.gen.get_state()
         self.policy.gen.manual_seed(10_000 + self.seed)
         rng = random.Random(f"eval:{self.seed}")

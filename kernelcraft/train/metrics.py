@@ -1,15 +1,9 @@
 """Training metrics: one JSON line per logged step in OUT/metrics.jsonl, and TensorBoard when installed.
 
-Design decisions
-- JSON lines are the record (what `kernelcraft report` plots); TensorBoard (torch's SummaryWriter, if the
-  `tensorboard` package is importable) is a live view of the same numbers, written beside it in OUT/tb.
-- Each record names its stage (`sft`, `selftrain`, `grpo`), round (self-training) and step, plus whatever
-  the trainer logged (TRL: loss, kl, reward, completion lengths; ours under `kernelcraft/`: raw and
-  smoothed reward mean/max, correctness rate, fast_1, evaluations, evaluations/min, generation tokens/s,
-  reward latency p50/p95). A resumed stage logs again the steps after its checkpoint; readers merge the
-  records of one (stage, round, step), later values winning.
-- Records are appended and flushed one at a time: a kill loses at most the line being written, and a torn
-  last line is skipped by the reader.
+Records carry stage, round and step; `read_metrics` merges the records of one (stage, round, step), later
+values winning, and skips a torn line.
+
+Rationale: docs/design/train.md#metrics
 """
 from __future__ import annotations
 

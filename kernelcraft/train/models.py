@@ -1,18 +1,11 @@
 """Models for training: a local HF directory loaded for a stage, or a random model built from a config.
 
-Design decisions
-- Nothing is downloaded, ever: a model is a local directory (`save_pretrained` layout: config, weights,
-  tokenizer). `build_random_model` writes such a directory from a transformers config with random weights
-  (presets `tiny`, a 2-layer Qwen2-style model of hidden size 64 for tests, and `0.5b`, ~0.5B parameters
-  for throughput measurements), with a tokenizer made offline: byte-level BPE trained with `tokenizers`
-  on the built-in suite's code and the prompt templates, so kernel code takes few tokens.
-- The tokenizer speaks ChatML (`<|im_start|>role ... <|im_end|>`) through a chat template, so TRL's
-  conversational prompt/completion handling works as it does for a real instruct model; `<|im_end|>` is
-  the end of a turn (eos, generation stops there) and `<|endoftext|>` pads.
-- transformers, peft and tokenizers are imported inside functions: `kernelcraft.train` imports without
-  the `train` extra, and a missing package is a `TrainError` naming the extra to install.
-- LoRA is peft's (`LoraConfig` from the run config). A stage that trains with LoRA saves the merged
-  model, so every stage hands the next one a plain model directory.
+Nothing is downloaded: a model is a local `save_pretrained` directory. `build_random_model` writes one
+(presets `tiny`, `0.5b`) with a byte-level BPE tokenizer trained offline, speaking ChatML. A stage's result is
+saved merged (LoRA folded in) and whole (`save_merged`), so every stage hands the next a plain directory.
+transformers, peft and tokenizers are imported inside functions (`require`).
+
+Rationale: docs/design/train.md#models
 """
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """The pipeline: data -> SFT -> self-training -> contrastive GRPO, each stage resumable, one run directory.
 
-Design decisions
-- Each stage reads its input model from the run directory: SFT starts from `model.path`; self-training
-  from `sft/model` (else `model.path`); GRPO from the last self-training round's model (else SFT's, else
-  `model.path`). So the stages can run one command at a time, or all with `kernelcraft train run`, and a
-  rerun after a kill continues where the run stopped (`checkpoints`).
-- What the stages share lives in the run directory: `data/` (the dataset and its card), `exemplars/`
-  (one run database per task), `hackcases.db`, `metrics.jsonl` (+ `tb/`), `train.json` (the config of
-  the latest invocation, and what marks the directory as a training run for `kernelcraft report`).
-- The reward service is checked first (`/v1/health`), so a wrong URL or key fails in a second with a
-  message, not after a model has loaded.
+Each stage takes its input model from the run directory (the latest finished earlier stage's, else
+`model.path`); `train.json` marks the directory as a training run. The reward service is checked with an
+authenticated request before anything loads.
+
+Rationale: docs/design/train.md#pipeline
 """
 from __future__ import annotations
 

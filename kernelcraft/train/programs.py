@@ -1,29 +1,12 @@
 """The stand-in policy's output language: programs over the `recipes` transformations, compiled to candidates.
 
 A program is a line of transformation words, e.g. `rewrite:fold_scalars compile:default`; compiled, it is
-the `ModelNew` the offline `recipes` policy would render for that recipe. Its vocabulary is every recipe
-token the device kind can use (`recipes.policy.PRIORS`): the FX rewrite rules, the `torch.compile` modes,
-CUDA graphs, channels_last, cudnn benchmark, Triton fusion and the tuned kernels on a GPU; on a CPU the
-rewrites, the two CPU compile modes and channels_last.
+the `ModelNew` the offline `recipes` policy would render for that recipe (`RecipesPolicy.valid`, `.render`).
+The vocabulary is every recipe token the device kind can use, less precision changes, plus `eager` (the null
+program). An invalid program (a word that does not apply, is repeated, conflicts or is unknown; the empty
+program) compiles to nothing. The policy is conditioned on `features`, never on the valid-program table.
 
-Design decisions
-- The recipes machinery decides what a program means and whether it is valid here (`RecipesPolicy.valid`,
-  `.render`, on the task's own FX analysis): one compiler for the search and the learner, so a program the
-  learner finds is a recipe the search could have proposed, and the two are compared on the same space.
-- Nothing here knows which program suits which task. A word that does not apply to this task (a rewrite
-  that does not change its graph, channels_last on a model without convolutions), a duplicate word, a
-  conflict (two compile modes), an unknown word, or the empty program makes the program invalid: it
-  compiles to nothing, and the reward treats it like any completion without code (`reward.unparsable`).
-- bf16 is left out (a precision change the default protocol rejects), as the search leaves it out
-  without `--allow-precision-change`. `eager` is the null program (the reference's forward, unchanged):
-  on a CPU's tiny tasks a compiled forward is often slower than eager, so "leave it alone" is an answer
-  the policy must be able to give.
-- What the policy is conditioned on is `features`: facts of the reference read from the same analysis
-  (its operators, whether it convolves, parameter and operator counts in log-2 bins, which rewrite rules
-  apply, its level) as words. A held-out task's operators that training never saw are unknown words to
-  the model, as they would be to any learner.
-- `enumerate_programs` lists a task's valid programs (all subsets of its applicable words up to a size):
-  the verdict table the experiment warms, and the space's size to report. The policy never sees it.
+Rationale: docs/design/train.md#programs
 """
 from __future__ import annotations
 

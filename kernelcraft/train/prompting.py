@@ -1,16 +1,10 @@
 """Prompts and completions as training text: chat messages in, the candidate's code out.
 
-Design decisions
-- Prompts are the search's own (`search.prompt.build_prompt`: reference, device, scored exemplars, the
-  three-section generation protocol), so a model trained here is asked exactly what `optimize --policy
-  openai:...` asks it. A prompt stored in a run database is reused as stored.
-- A training example without a model's reply (a recipe's candidate, a released kernel) gets a completion
-  written from a template (`train/prompts/completion.md`) in the protocol's three sections, stating only
-  what was measured (speedup, device) and what the code does (`search.techniques`); nothing is invented.
-- The target device in prompts is the one the reward service judges on: described from the service's
-  device on this machine, or given verbatim in the config (a remote service's GPU).
-- Completions are parsed by the search's reply parser (`search.reply.parse_reply`): the last closed
-  ```python block defining ModelNew, by CommonMark's rules — the same rule everywhere a reply is read.
+Prompts are the search's (`search.prompt.build_prompt`), so a trained model is asked what `optimize` asks;
+completions are parsed by the search's reply parser (`search.reply.parse_reply`). A template completion
+(`train/prompts/completion.md`) states only what was measured and what the code does.
+
+Rationale: docs/design/train.md#prompting
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """The training report: one self-contained HTML page of a training run's curves (`kernelcraft report OUT`).
 
-Design decisions
-- Same rules as the search's report (`search/report.py`): no dependencies, no network, no JavaScript;
-  SVG drawn here, text HTML-escaped. It reads only the run directory (`metrics.jsonl`, the dataset card,
-  the hack-case table), so it works for a run in progress or one that was killed.
-- One small chart per metric, x = step: SFT loss; self-training correctness per round; GRPO reward
-  (smoothed and raw, mean and max), correctness rate, fast_1, KL, generation tokens/s, evaluations/min,
-  reward latency p50/p95; held-out reward and geomean speedup over GRPO steps (stage `heldout`, logged by
-  `train learn`). A metric never logged is left out rather than drawn empty.
+No dependencies, no network, no JavaScript; it reads only the run directory, so it works on a run in progress
+or a killed one. A metric never logged is left out.
+
+Rationale: docs/design/train.md#report
 """
 from __future__ import annotations
 

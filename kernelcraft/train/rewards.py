@@ -1,29 +1,13 @@
 """The reward: completions -> verdicts from the reward service -> checked, smoothed, clipped rewards.
 
-Design decisions
-- Raw reward: the measured speedup for a `correct` candidate (its 95% CI low end with `conservative`);
-  `reward.fail` for any other verdict, `reward.cheat` for `rejected` (a guard caught it) and for a jump
-  that did not survive re-measurement or a judge model's veto, `reward.unparsable` for a completion with no
-  usable ModelNew (all 0 by default). Every raw reward goes through the same smoothing, so the order
-  failure < slow < fast holds as long as the configured values keep it.
-- Smoothing as CUDA-L1: per task, a running window of the last `window` raw rewards (this batch's
-  appended first); reward = clip((r − μ) / σ, ±clip). σ = 0 (a window of equal rewards) gives 0: nothing
-  to learn from. GRPO's own group scaling is then turned off (`scale_rewards="none"`, see grpo.py), so the
-  advantage is the smoothed reward minus its group mean.
-- Reward checking: a speedup above `jump_above` or `jump_vs_best` times the task's best stored variant is
-  re-measured before it counts — by the judge itself when its verdict says `remeasured` (fresh workers,
-  lowest reported), else here: `remeasure` more evaluations through the batch endpoint with other seeds
-  (each one a fresh worker). It counts at the lowest speedup; a re-measurement that is not `correct`, or
-  a spread above `max_spread`, makes it a hack. Every rejected or suspicious candidate goes to the
-  hack-case table; a configured judge model reviews the suspicious ones and may veto.
-- One batch request per scoring call (the service spreads it over its slots), split at `max_batch`;
-  identical (task, normalised source) pairs are judged once per call and remembered for the run. A lost
-  connection or a 5xx is retried with backoff (a restarted service costs a wait, not the run); a 4xx is a
-  bug on this side and stops training with the service's message.
-- The evaluator is anything with `evaluate_batch(items, **options) -> verdicts` (`kernelcraft.client.Client`
-  in training, a scripted one in tests), so the whole reward path is testable with exact verdicts.
-- State that must survive a resume (windows, evaluation count, active time) is `state_dict()`: the GRPO
-  stage saves it inside each checkpoint.
+Raw reward: the speedup for `correct` (its CI low end with `conservative`), else `fail`, `cheat` (rejected, a
+jump that did not survive re-measurement, a judge model's veto) or `unparsable`. Reward = clip((r − μ) / σ,
+±clip) over a per-task window (0 when σ = 0). A speedup above `jump_above` or `jump_vs_best` × the task's best
+counts only after re-measurement, at the lowest. A distinct (task, normalised source) is judged once per call
+and remembered for the run; a 5xx or a lost connection is retried, a 4xx stops training. `state_dict()` is what
+a resume needs.
+
+Rationale: docs/design/train.md#rewards
 """
 from __future__ import annotations
 

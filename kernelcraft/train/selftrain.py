@@ -1,15 +1,10 @@
 """Stage 2 (`kernelcraft train selftrain`): the model learns from its own correct samples, for R rounds.
 
-Design decisions
-- A round: k samples per task from the round's input model (a fresh contrastive prompt each, from the
-  exemplar database), judged through the reward service's batch endpoint with the same checks as the
-  reward (jumps re-measured, rejected candidates to the hack-case table), the correct ones (at least
-  `min_speedup`, deduplicated) kept, then one fine-tuning (`sft.fine_tune`) on them.
-- Judged samples are written to `round-<r>/samples.jsonl` before fine-tuning starts: a kill during
-  fine-tuning resumes there without sampling or judging again. A round with no correct sample passes its
-  input model on unchanged (recorded; the next round samples again with another seed).
-- Logged per round (`selftrain_round`): samples, correctness rate, fast_1, kept, evaluations,
-  generation tokens/s. Correct samples also go back into the exemplar database.
+A round samples, judges through the reward (its checks, no smoothing) and writes `round-<r>/samples.jsonl`
+before fine-tuning on the correct, deduplicated samples (`sft.fine_tune`). A round with no correct sample
+passes its input model on unchanged. A finished round (`round-<r>/model`) is skipped on a rerun.
+
+Rationale: docs/design/train.md#selftrain
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """Stage 1 (`kernelcraft train sft`): supervised fine-tuning on correct candidates, with TRL's SFTTrainer.
 
-Design decisions
-- TRL's SFTTrainer on conversational prompt/completion rows: the chat template renders them, and the loss
-  covers the completion only (TRL's default for prompt/completion data). LoRA through peft when the
-  config has `model.lora` (TRL's `peft_config`); the merged model is saved, so the next stage loads a
-  plain directory.
-- Also the fine-tuning step of every self-training round (same function, another output directory).
-- Checkpoints every `save_steps` into the stage directory; a rerun resumes from the newest complete one
-  (`checkpoints.last_checkpoint`) and skips a stage whose `model/` exists.
+Loss on the completion only; LoRA through peft when `model.lora` is set, the merged model saved. Also the
+fine-tuning step of every self-training round. Resumes from the newest complete checkpoint; a stage whose
+`model/` exists is skipped.
+
+Rationale: docs/design/train.md#sft
 """
 from __future__ import annotations
 

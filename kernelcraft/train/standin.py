@@ -1,30 +1,12 @@
 """The learnable stand-in policy: a small causal LM trained from scratch that writes programs, not CUDA.
 
-No pretrained code model can be downloaded here, so the evidence that the training method learns comes
-from a model that starts from random weights: a Qwen2-style transformer (transformers' config, the `tiny`
-preset's shapes) over a closed word vocabulary. Its prompt is the task's features and, in contrastive
-mode, earlier programs with their measured speedups; its completion is a program (`train.programs`).
+A Qwen2-style transformer (the `tiny` preset's shapes) over a closed word vocabulary. Prompt:
+`<task> features [<ex> program speed-word]* <prog>`; completion: program words `<end>`. Sampling is
+restricted to program words and `<end>`. The SFT and GRPO updates are plain torch with TRL's objectives
+(completion-token cross-entropy; one on-policy step with a k3 KL term, advantage = smoothed reward − group
+mean).
 
-Design decisions
-- Prompt: `<task> feature words [<ex> program words speed-word]* <prog>`; completion: program words `<end>`.
-  A speed word is ln(speedup) in bins of 0.25 (`s:+0.50` is 1.65-2.1x), the exemplar's measured number as
-  the CUDA-L1 prompt gives it, at the resolution this model can use. Words outside the vocabulary (a
-  held-out task's unseen operator) are `<unk>`.
-- The vocabulary is built from the training tasks' features, every speed bin and the device kind's
-  program words: what the model can say is every recipe word, whatever the task; which ones it should say
-  is learnt from the reward only.
-- The training steps are written here in plain torch, not through TRL's trainers: every stage of every
-  arm of the ablation (x seeds) builds a few-word batch thousands of times on 2 CPU cores, where the
-  trainers' per-run set-up (datasets, accelerate) would cost more than the learning. The objectives are
-  TRL's: SFT is cross-entropy on completion tokens only; GRPO is one on-policy update per generation batch
-  (TRL's default num_iterations=1, so the clipped ratio is 1), loss = −mean over completion tokens of
-  A·log π plus β times the k3 KL estimate against the frozen start model, with A = the reward's smoothed
-  value minus its group's mean (`scale_rewards="none"`, as `grpo.py` configures TRL).
-- Sampling is plain ancestral sampling with a temperature, from a seeded torch generator, at most
-  `max_words` + 1 tokens, restricted to the language's grammar (program words and `<end>`: every word
-  the device kind has, applicable to this task or not). A program is short; one that never says `<end>`
-  is cut there. Whether the words form a valid program for this task is the reward's business (an
-  invalid one scores as unparsable).
+Rationale: docs/design/train.md#standin
 """
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """The exemplar database of a training run: every measured variant per task, shown back in prompts.
 
-Design decisions
-- One run database (`search.rundb.RunDB`) per task under OUT/exemplars/<slug>-<sha8>/, with the same
-  metadata an `optimize` run writes (task, source, device): `kernelcraft report` reads any of them, and an
-  optimize run's own database has the same shape. Each variant keeps the verdict that scored it.
-- Seeded once per task from the training data (meta `seeded`), then grown by training: every correct
-  completion a stage judges goes back in (duplicates by normalised source are counted, not stored twice),
-  so prompts built later show what training found.
-- Prompts are built on the fly: each one draws its exemplars afresh with the search's contrastive draw
-  (`search.exemplars.select`: score buckets, P ∝ exp((mean_bucket − mean) / τ)), from the variants stored
-  at that moment.
-- The task's best speedup (the jump check's reference) is the best correct variant's.
+One run database per task under OUT/exemplars/ (the shape of an `optimize` run's), seeded once from the
+training data and grown with every correct completion; each prompt draws its exemplars afresh
+(`search.exemplars.select`). A task's best correct speedup is the jump check's reference.
+
+Rationale: docs/design/train.md#variants
 """
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """Who plays the schedule game, at equal measurement budgets: random search, exhaustive autotuning, a
 cost-model ranking, and the PPO agent (`ppo.PPOAgent`).
 
-Design decisions
-- Every agent gets the same game (`env.ScheduleGame`) reset on the same kernel and shape with the same
-  `budget` of distinct measurements; the start configuration (the template's default) is measured by
-  the reset and counts for everyone. What an agent returns (`SearchResult`) is its best *measured*
-  configuration, never a prediction.
-- `Exhaustive` is Triton's autotuning: measure every valid configuration, keep the fastest (its budget
-  is the size of the space). `RandomSearch` draws valid configurations uniformly without replacement.
-  `ModelRanked` measures configurations in the order a cost model predicts them fastest: the plain
-  use of a learned model to decide what is worth measuring, the ablation the PPO agent must be
-  compared with.
-- A cost model enters through `Predictor`, a callable (configs -> predicted ms) bound to one kernel and
-  shape, so agents do not depend on how the model was trained.
+Every agent plays the same game with the same budget of distinct measurements (the start configuration
+counts) and returns its best *measured* configuration, never a prediction. A cost model enters as a
+`Predictor` (configs -> predicted ms).
+
+Rationale: docs/design/tune.md#agents
 """
 from __future__ import annotations
 

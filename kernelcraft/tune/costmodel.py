@@ -1,54 +1,11 @@
 """The learned cost model: runtime from shape, configuration and compiled-kernel features (LightGBM).
 
-Design decisions
-- Gradient-boosted trees (LightGBM's core API: `lightgbm.train`, a `Booster`, no scikit-learn): a
-  well-kept, compact library (one wheel, numpy and scipy) that handles missing features (a
-  configuration whose compiled features are unknown) natively. It is the `tune` extra; nothing else in
-  kernelcraft imports it, and `require()` says how to install it.
-- One model per template family (`kind`): GEMM and row kernels have different knobs. The inputs are
-  the shape (log2 sizes, bytes per element, layout, epilogue or row op), the configuration (log2 of
-  each knob), quantities derived from both that the hardware cares about (tiles, waves over the 132
-  SMs and how full the last wave is, K iterations, padding waste, shared memory of the pipeline,
-  accumulator registers per thread; chunks per row and elements per thread for rows) and the
-  compiled features (`features.FEATURE_KEYS`). The target is log(runtime / the shape's roofline
-  bound): the model learns how efficient a configuration is, which carries over between sizes far
-  better than absolute time does; errors are relative, as the game's rewards are.
-- Measurement drift is taken out of the training target, within each shape. A table is measured in
-  paired rounds (candidate and reference interleaved); the game's score is the median per-round
-  speedup, in which the device's drift between measurements cancels. The target uses the time the
-  speedup implies, ms_c * exp(-(log(ms_c * speedup_c) - mean over the shape of the same)): the reference
-  time this measurement was paired with (ms * speedup) is divided out relative to the shape's mean, so
-  the shape's level is kept and only config-to-config drift is removed. It is weighted by `beta`, the
-  pooled within-shape slope of log ms on log ref_ms (how much of the reference's drift the
-  candidate's time shares), estimated from the training records and used only where it is clearly
-  positive (t > 2; else 0), clipped to 1. On the H100 table the row kernels' slope is 1.08 (t about
-  10: short kernels, drift is a large part of their spread); the GEMMs' 0.22 +- 0.49 (not used).
-  Records without a paired speedup train on their raw time.
-- Persistence is one JSON file: the kind, the feature names, the training-set size, `beta`,
-  `anchor_weight` and LightGBM's model text. A file made for another feature list is refused on load
-  (`CostModelError`).
-- Calibration from one measurement (`predict(..., anchor=)`): the game measures the start (default)
-  configuration of every shape before anything else, so the model may use that one measurement of a
-  shape it never saw: every prediction is multiplied by (measured / predicted at the anchor) **
-  `anchor_weight`. The weight is fitted at `fit(calibrate=True)` by leaving each training shape out
-  in turn (a model trained on the others; the weight that best turns the error at that shape's default
-  into the error of all its configurations, clipped to [0, 1]): a single measurement carries its own
-  noise and the model's error at that configuration, so it is trusted only as far as it predicted
-  the level on shapes the model did not see (0.46-0.90 on the H100 table). A common factor changes no
-  ratio between predictions, so the agents, which use only ratios (predicted gains, orderings), are
-  unaffected; calibration makes the absolute predictions usable.
-- `holdout` reports what the GEMM study reports — R² and mean relative error of runtime on shapes the
-  model never saw (leave one shape out) — plus R² of log runtime and the rank correlation within each
-  shape, which is what deciding "what is worth measuring" needs; under "calibrated" the same with the
-  held-out shape's default measured (the default itself left out of the scores).
-- Tried on the H100 table and not kept (leave one shape out, BENCHMARKS.md): more physical row features
-  (bytes per row, bytes in flight per SM from the compiled occupancy, threads, padding, affine bytes,
-  op descriptors instead of one-hot ops: none better beyond seed noise), LightGBM parameters chosen by a
-  nested leave-one-shape-out loop (better with no measurement, worse with one and in rank), bagging
-  over seeds, a model of within-shape deviations (better with no measurement, worse with one), and
-  shrinking the predicted shape level toward the training mean (worse). What bounds the row model is
-  the table's noise: a row shape's runtimes spread by 8-13% (sd of log), configurations with identical
-  compiled features (num_stages that changed nothing) by 3-7%: repeat noise is 7-48% of the variance.
+One model per template family; target log(runtime / the shape's roofline bound), with measurement drift
+taken out within each shape (`beta`); `predict(..., anchor=)` calibrates on one measured configuration
+(`anchor_weight`). Saved as one JSON file; a file for another feature list is refused. `holdout` scores
+leave-one-shape-out. lightgbm (extra `tune`) is imported by `require()`.
+
+Rationale: docs/design/tune.md#costmodel
 """
 from __future__ import annotations
 
@@ -158,7 +115,7 @@ def _paired(r: dict) -> bool:
 
 
 def drift_slope(records: list[dict]) -> float:
-    """`beta` (module docstring): the pooled within-shape slope of log ms on log ref_ms, clipped to [0, 1],
+    """`beta` (docs/design/tune.md#costmodel): the pooled within-shape slope of log ms on log ref_ms, clipped to [0, 1],
     or 0 where it is not clearly positive (t <= 2), too few shapes or records lack a paired reference."""
     if not records or not all(_paired(r) for r in records):
         return 0.0
@@ -207,7 +164,7 @@ class CostModel:
         self.anchor_weight = 1.0
 
     def fit(self, records: list[dict], *, calibrate: bool = False) -> "CostModel":
-        """Train on `records` (`records_of`); with `calibrate`, also fit `anchor_weight` (module docstring:
+        """Train on `records` (`records_of`); with `calibrate`, also fit `anchor_weight` (docs/design/tune.md#costmodel:
         one extra model per training shape)."""
         lgb, np = require()
         recs = [r for r in records if r["kernel"].kind == self.kind and r.get("ms")]
@@ -289,7 +246,7 @@ class CostModel:
         if d["features"] != m.names:
             raise CostModelError(f"{path} was trained on other features (an older kernelcraft?): retrain it")
         m.booster, m.n_train = lgb.Booster(model_str=d["model"]), d["n_train"]
-        m.beta = float(d.get("beta", 0.0))  # files from before drift correction and calibration
+        m.beta = float(d.get("beta", 0.0))  # a file without them: no drift correction, no calibration
         m.anchor_weight = float(d.get("anchor_weight", 1.0))
         return m
 

@@ -5,27 +5,12 @@
     mask = game.action_mask()                        # which actions lead to a configuration worth trying
     state, reward, done, info = game.step(action)    # change one knob by one step, measured
 
-Design decisions
-- The schedule is a configuration of a space (`Space`): for a Triton template, `KnobSpace`, one pair
-  of actions per knob (one step down, one step up its ordered values). The state is the configuration
-  plus what the compiler made of it (`features`: registers, spills, shared memory, occupancy, SASS
-  instruction mix) and its measured score; the observation an agent sees is `observation(state)`.
-- Reward = log(score_new / score_old), score = the measured paired speedup over the reference, so
-  rewards add up to the log throughput gain of an episode. A configuration that fails (does not
-  compile, is wrong, crashes) gives `fail_reward` (negative, as in CuAsmRL), the state stays where it
-  was, and the configuration is masked from then on.
-- Invalid configurations are masked, never played: an action whose target is out of range, masked by
-  `tunable.why_invalid` (shared memory, registers, duplicates) or known to fail is False in
-  `action_mask()`, and `step` refuses it with a ValueError (an agent's bug, not a game outcome).
-- Measurements are the budget. Each distinct configuration is measured once per game (a revisit is
-  free and returns the recorded measurement); `budget` caps distinct measurements and `measure`
-  raises `BudgetExhausted` beyond it. Baselines that do not walk (random search, exhaustive autotuning,
-  a cost-model ranking) call `measure` directly on the same game, so every agent pays the same way.
-- Ready for a SASS backend: the game only talks to a `Space` (start, apply(action), encode) and a
-  measurement backend. A schedule-rewriting backend on sm_90 would supply a space whose configurations
-  are instruction orders and whose actions move one memory instruction up or down (masked by
-  dependency hazards), and a backend that assembles and times it; README's "kernelcraft tune" says
-  what is missing for that on Hopper.
+Reward = log(speedup_new / speedup_old); a failed configuration gives `fail_reward`, keeps the state and is
+masked from then on. A masked action is refused (ValueError). Each distinct configuration is measured once
+per game; `budget` caps distinct measurements (`BudgetExhausted`). The game knows only a `Space` and a
+measurement backend.
+
+Rationale: docs/design/tune.md#env
 """
 from __future__ import annotations
 

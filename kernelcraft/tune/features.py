@@ -1,21 +1,11 @@
 """Compiled-kernel features: what the compiler made of one configuration (CuAsmRL's read-only state).
 
-Design decisions
-- A configuration is compiled exactly as a launch would compile it: the template's `_kc_launch` is
-  called on meta tensors of the operands' shapes and layouts (nothing is allocated) and gives the
-  kernel's arguments. On a GPU the JIT's own `warmup` compiles them (filling Triton's cache, so the
-  measurement that follows loads the binary instead of compiling again); without a GPU
-  `triton.compile` targets sm_90 directly, with the argument specialisation the JIT would apply
-  (Triton's own `native_specialize_impl`: 16-divisible ints, ints equal to 1 made constant, aligned
-  pointers). Either way nothing runs: features cost a compile, not device time.
-- Read from the cubin with the CUDA binary tools (`cuobjdump --dump-resource-usage`, `nvdisasm`; the
-  copies Triton ships, else PATH): registers, spill and stack bytes, shared memory, and the SASS
-  instruction mix (warpgroup MMA, MMA, FMA, global/shared loads and stores, async copies, barriers,
-  special functions, integer and control instructions) as fractions of all instructions. Occupancy is
-  computed from registers, shared memory and threads against sm_90's per-SM limits.
-- Features are plain dicts of floats with fixed keys (`FEATURE_KEYS`), so the cost model and the
-  agents' observations read them by name. A compile error is returned, not raised: in the game it is a
-  failed step.
+A configuration is compiled as a launch would compile it (on a GPU through the JIT's `warmup`, filling
+Triton's cache; else for sm_90 directly) and never run; registers, spills, shared memory, occupancy and the
+SASS instruction mix are read from the cubin (`cuobjdump`, `nvdisasm`) into a dict with the fixed keys
+`FEATURE_KEYS`. A compile error is returned, not raised.
+
+Rationale: docs/design/tune.md#features
 """
 from __future__ import annotations
 
@@ -99,7 +89,8 @@ def _jit_fn(module):
 
 
 def compile_config(module, kernel: tunable.Kernel, shape: dict, config: dict, *, on_gpu: bool | None = None):
-    """Compile one configuration (module docstring); returns Triton's CompiledKernel."""
+    """Compile one configuration as a launch would, without running it (docs/design/tune.md#features);
+    returns Triton's CompiledKernel."""
     try:
         import torch
         import triton

@@ -1,26 +1,12 @@
 """How the schedule game measures a configuration: on the GPU, from a recorded table, or from a model.
 
-Design decisions
-- The game's reward must be a measured throughput change, checked for correctness and timed in pairs,
-  as the judge does. The full judge (`kernelcraft.evaluate.evaluate`) costs a worker start, five
-  correctness trials and 2 s of timing per call (~5–8 s on the H100, BENCHMARKS.md), which is too
-  slow per game step: a tuning run measures tens to hundreds of configurations. `TritonBackend` is the
-  fast path, in the tuning process: the reference `Model` is built once; the candidate runs the same
-  kernel module and forward expression as the source the judge gets (`tunetemplates.runner_source`
-  and `candidate_source`), shares the reference's parameters, and switches its configuration between
-  measurements. Each configuration is checked against the reference's output with the judge's
-  tolerance rule (`judge.compare.compare_outputs`), then timed by the judge's method in paired, interleaved rounds
-  (`paired_time`: the two sides in random order on the same inputs, L2 flushed and the device idle
-  before each call, CUDA events around it, each timed output spot-checked; a fixed small number of
-  rounds). It is a small loop of its own, not the judge's timing module, whose process-level clock
-  times a worker's round trip. The score is the median of the per-round speedups over the reference,
-  so clock drift between measurements cancels. What this path does not do — a fresh worker, guards
-  against cheating, five trials — is done by the judge for what the tuning keeps: `tuner` sends the best
-  configurations through `evaluate` into the run database.
-- `TableBackend` replays recorded measurements (the H100 benchmark measures every configuration
-  once; agents are then compared offline on the same table, at equal measurement budgets) and
-  `PredictedBackend` answers with a cost model's predictions (an agent's simulator). All three give
-  the same `Measurement`, so the game cannot tell them apart.
+`TritonBackend` is the fast path, in the tuning process: each configuration is checked against the reference
+with the judge's tolerance rule, then timed in paired rounds (`paired_time`); the score is the median
+per-round speedup. It has no fresh worker, guards or trials: the judge does that for what `tuner` keeps.
+`TableBackend` replays recorded measurements, `PredictedBackend` answers with a cost model; all three return
+the same `Measurement`.
+
+Rationale: docs/design/tune.md#measure
 """
 from __future__ import annotations
 
@@ -75,8 +61,10 @@ class Backend(Protocol):
 
 def paired_time(run_ref: Callable, run_cand: Callable, inputs: list, check: Callable, *, rounds: int,
                 device, seed: int = 0, warmup: int = 1) -> dict:
-    """{ref_ms, cand_ms, speedup, ratio_range, rounds}: `rounds` paired rounds (module docstring); `check(ref_out,
-    cand_out)` raises when a timed candidate output is wrong."""
+    """{ref_ms, cand_ms, speedup, ratio_range, rounds} over `rounds` paired rounds after `warmup` checked pairs:
+    reference and candidate in random order on the same inputs; on a GPU, L2 flushed and the device synchronised
+    before each call and CUDA events around it (a wall clock otherwise); medians, the speedup the median
+    per-round ratio. `check(ref_out, cand_out)` raises when a timed candidate output is wrong."""
     import torch
 
     cuda = device.type == "cuda"

@@ -1,30 +1,11 @@
 """The PPO agent: CuAsmRL's policy-gradient player of the schedule game, with masked actions.
 
-Design decisions
-- A short torch implementation, not a library: stable-baselines3 needs gymnasium and, for masked
-  actions, sb3-contrib; CleanRL is a script to copy. The game has 12 (GEMM) or 6 (row kernels)
-  discrete actions and episodes of tens of steps; a clipped-surrogate PPO with GAE, an entropy bonus
-  and a masked categorical policy is ~150 lines of torch, which kernelcraft already depends on.
-- The observation is the game's (`ScheduleGame.observation`: configuration, shape, compiled features,
-  progress) plus three numbers per action: the cost model's predicted log gain of that move (0 without
-  a model), whether its target was already measured, and the measured log gain if so. The policy's
-  logits are the network's output plus a learned weight (`beta`, starting at 10) times each action's
-  advice: the measured gain where known, else the predicted one. The network starts as a hill climber
-  on the cost model's predictions and PPO learns where to depart from them; without a model it starts
-  uniform. Masked actions get -inf logits.
-- The cost model decides what is worth measuring through the advice, and optionally through
-  model-based pretraining: `pretrain_episodes` simulated games whose measurements are the cost
-  model's predictions for the target shape (`measure.PredictedBackend`), plus any `sims` given. On the
-  H100 tables pretraining did not help (BENCHMARKS.md: 40 simulated episodes lowered the median result
-  from 0.995 to 0.963 of the exhaustive best; the simulator's rewards are the same predictions the
-  advice already carries, and PPO's noisy early updates move the policy away from them), so it is off
-  by default and kept as an option.
-- Real play: episodes of `horizon` steps, each starting from the best configuration measured so far
-  that still has an unexplored neighbour; the agent never steps into a configuration already measured
-  as worse than where it stands (free, but it teaches nothing);
-  one PPO update on the real rewards after each episode; the search stops when the measurement
-  budget is spent or after `max_steps_factor` x budget steps (revisiting a measured configuration is
-  free, so a policy could otherwise wander forever).
+A short torch PPO (clipped surrogate, GAE, entropy bonus). The policy's logits add a learned weight times each
+move's advice (the measured gain where known, else the cost model's look-ahead gain); known-worse moves are
+masked. Episodes start from the best measured configuration with an unexplored neighbour, one update per
+episode; pretraining in the cost-model simulator is off by default.
+
+Rationale: docs/design/tune.md#ppo
 """
 from __future__ import annotations
 
@@ -123,7 +104,7 @@ class PPO:
 
 
 class PPOAgent:
-    """Plays the game with PPO (module docstring). One agent object keeps its policy across searches of
+    """Plays the game with PPO (docs/design/tune.md#ppo). One agent object keeps its policy across searches of
     the same kernel family (transfer); `sims` are extra (game, kernel, shape, predictor) to pretrain on."""
     name = "ppo"
 

@@ -1,22 +1,12 @@
 """`kernelcraft tune TASK`: find the task's tunable kernel, play the schedule game on the GPU, keep every
 measurement, and judge the best configurations into the run database like any candidate.
 
-Design decisions
-- The task must be one template instance (`tunematch`: a GEMM with an elementwise epilogue, or a row
-  softmax/norm over the last dimension); anything else is a clear `TuneError`, not a guess.
-- Every configuration is compiled first, in a pool of processes (`features.compile_many`): the cost
-  model needs every configuration's compiled features to rank them, and on a GPU the binaries land in
-  Triton's cache, so measuring never waits for the compiler. Compiling is not measuring: the budget
-  counts measurements only.
-- The cost model is the store's (`--store`, default ~/.cache/kernelcraft/tune): `measurements.jsonl`
-  holds every measurement any tune run made (the benchmark's table schema), and after each run the
-  model of the kernel's family is retrained on all of it and saved (`costmodel-<kind>.json`). Without
-  lightgbm or before enough data exists the agents play without a model.
-- The fast path ranks; the judge decides. The `keep` best measured configurations become candidates
-  (`tunetemplates.candidate_source`) that `search.optimize` evaluates with the full protocol, in fresh
-  workers, with the null control and confirmation: the run directory is an ordinary run database
-  (`kernelcraft report` reads it) and `best.py` is written only for a verified win. The confirmed best
-  configuration is recorded in the tuned-configuration store the offline `tuned` recipe reads.
+The task must be one template instance, else `TuneError`. Every configuration is compiled first; the budget
+counts measurements only. Measurements go to the store, whose cost model is retrained after each run. The
+`keep` best configurations are judged by `search.optimize` with the full protocol; the configuration it
+reports as best is recorded in the tuned-configuration store.
+
+Rationale: docs/design/tune.md#tuner
 """
 from __future__ import annotations
 
