@@ -1,26 +1,10 @@
 """Baselines for `kernelcraft bench`: what a candidate has to beat besides the reference itself.
 
-Design decisions
-- A baseline is an ordinary candidate: `recipes.render.render` turns the task into a `ModelNew` that runs
-  the reference through `torch.compile` (mode default = `inductor`, mode max-autotune-no-cudagraphs =
-  `inductor-max-autotune`) or through CUDA-graph replay of eager (`cudagraph`, GPU only). It is judged
-  by the very same evaluator and timing protocol as the candidates (fresh worker, correctness trials,
-  paired interleaved rounds against the eager reference), so every baseline number is "speedup vs
-  eager" from a paired measurement, exactly like a candidate's.
-- `torch.compile` compiles at the first forward, inside the evaluation's run clock: compile baselines
-  get a longer `timeout_s` (`MIN_TIMEOUT_S`); the protocol (trials, timing budget) is unchanged.
-- `eager` is the reference itself: its speedup vs eager is 1.0 by definition and it is never timed on
-  its own (a null control of the harness is `optimize`'s business, not the bench's).
-- A baseline may fail (a model `torch.compile` cannot handle, a graph capture that breaks): it is then
-  a verdict like any other and simply does not count as a baseline for that task.
-- Cache: baseline verdicts are stored in `<kernelcraft cache>/bench/baselines.sqlite`, keyed by a
-  SHA-256 over (task source SHA-256, device name, torch version, kernelcraft version, baseline name,
-  the timing protocol: trials, timing budget, mode, tolerances, remeasure threshold). The device name
-  is the GPU's product name, or the CPU model and core count on a CPU, so a cache entry never crosses
-  machines of different kinds. Re-running a bench (or benching a second candidate set on the same
-  tasks) costs no baseline measurements. Verdicts that say more about the moment than the task
-  (`timeout`, kernelcraft's own `harness_error`, a crashed worker, anything that ran out of memory: the other
-  jobs on the GPU set how much was free) are never cached.
+A baseline (`inductor`, `inductor-max-autotune`, `cudagraph`) is an ordinary candidate rendered from the task
+and judged under the candidates' protocol; `eager` is the reference itself (1.0, never timed). Verdicts are
+cached in `<cache>/bench/baselines.sqlite` by task, device identity, versions, baseline and protocol; verdicts
+of the moment (timeouts, harness errors, crashes, out of memory) are never cached.
+Rationale: docs/design/bench.md#baselines
 """
 from __future__ import annotations
 
@@ -47,8 +31,8 @@ ALIASES = {"compile": "inductor", "torch.compile": "inductor", "default": "induc
            "max-autotune": "inductor-max-autotune", "inductor-max": "inductor-max-autotune",
            "cuda-graph": "cudagraph", "cudagraphs": "cudagraph", "graph": "cudagraph"}
 DEFAULT = "eager,inductor,cudagraph"
-# torch.compile compiles at the first forward, inside the evaluation's run clock (`timeout_s`, 180 s by
-# default): compile baselines get at least this long (max-autotune benchmarks many kernel variants).
+# torch.compile compiles at the first forward, inside the evaluation's run clock (`timeout_s`, by default 180 s on
+# a CPU, 300 s on a GPU): compile baselines get at least this long (max-autotune benchmarks many kernel variants).
 MIN_TIMEOUT_S = {"inductor": 600.0, "inductor-max-autotune": 1200.0}
 GPU_ONLY = ("cudagraph",)
 _UNCACHED_REASONS = {"harness_error", "crashed", "timeout", "out_of_memory"}

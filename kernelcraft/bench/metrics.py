@@ -1,31 +1,10 @@
 """Bench metrics and the bench summary: what the numbers of `kernelcraft bench` mean.
 
-Design decisions
-- `metrics`, over the scored items (all items but input errors), overall and per level:
-  - `correct`, `correct_rate`; `unverifiable`: failures whose reference could not judge them (a second reason,
-    `unverifiable_reference`: it draws random numbers or is ill-conditioned in fp32, so the fixed tolerance judged
-    and an honest rewrite may fail) — a leaderboard reader tells those from wrong code;
-  - `fast_p` for p in 0, 0.5, 0.8, 1, 1.5, 2 = the fraction of *all* scored items that are correct
-    and have speedup > p (KernelBench's definition; fast_0 is the correctness rate);
-  - `geomean_speedup` / `median_speedup` (the contract's keys) are over *all* scored items with every
-    failure counted as 1.0 (a failed candidate leaves the baseline in place); `*_correct` variants
-    are over correct items only;
-  - against the best `torch.compile` baseline of the task: speedup_vs_compile = candidate speedup vs
-    eager / max over the task's correct compile baselines of their speedup vs eager — a ratio of two
-    paired measurements (each candidate and each baseline was timed against eager in its own worker),
-    not one direct comparison. A task where no compile baseline was correct compares against eager.
-    `fast_p_vs_compile`, `geomean_speedup_vs_compile`, ... as above; null without a compile baseline.
-- Intervals from the per-task CIs (the leaderboard row's error bars: how much the numbers could move from the
-  timing alone, not from the choice of tasks; each task's interval is where a re-run's estimate would fall, see
-  `judge.reproduce.reproducible`, so these say where a re-run's row would): `fast_p_range` = [fraction correct with the CI's *lower* end
-  above p, fraction with its *upper* end above p] (a task whose interval straddles p counts in the upper end
-  only); `geomean_speedup_ci95` = the geomean with each task's log-speedup given the normal spread its 95% CI
-  implies (failures: 1.0, no spread), exp(mean ± 1.96 · sqrt(Σσ²) / n). Vs compile the same with the candidate's
-  interval over the compile baseline's point estimate (the baseline's own spread is not added). A correct item
-  without an interval counts at its point estimate.
-- `summarise` builds the summary record (the `--json` contract's keys first, then per-item rows,
-  baseline metrics per baseline and level, what this invocation did, and where the run directory's evaluation
-  time went, `time_use`); `report` renders it.
+Over the scored items (all but input errors): `fast_p` and the geomean/median speedups count every failure
+(as not fast, and as 1.0); `*_correct` variants are over correct items only; `*_vs_compile` divide by the
+task's best correct `torch.compile` baseline. Intervals come from the per-task CIs. `summarise` builds the
+summary record (the `--json` contract's keys first).
+Rationale: docs/design/bench.md#metrics
 """
 from __future__ import annotations
 
@@ -82,7 +61,7 @@ def geomean_ci(rows: list[dict], ok: list[dict], key: str) -> list[float] | None
 
 
 def metrics(rows: list[dict], *, vs_compile: bool = False) -> dict:
-    """Metrics over rows {correct: bool, speedup: float|None[, speedup_vs_compile, ci95]} (module docstring)."""
+    """Metrics over rows {correct: bool, speedup: float|None[, speedup_vs_compile, ci95]} (docs/design/bench.md#metrics)."""
     n = len(rows)
     ok = [r for r in rows if r["correct"] and r.get("speedup") is not None]
 

@@ -19,6 +19,6 @@ class BenchOptions:
     cache_dir: str | None = None
     policy: str = "recipes"
     budget: int = 8
-    task_jobs: int | None = None  # tasks optimized at once (default 1; see the module docstring)
+    task_jobs: int | None = None  # tasks optimized at once (default: one per device; docs/design/bench.md#run)
     optimize_options: dict = field(default_factory=dict)  # more optimize.Options fields
     report: bool = True

@@ -1,12 +1,8 @@
 """What the bench writes per line: verdict records with the bench's fields, and what it hands an optimize run.
 
-Design decisions
-- `verdicts.jsonl` and `baselines.jsonl` hold the evaluator's verdict record unchanged plus the bench's fields
-  (`record`: the item and its group, the task's sha, level and origin; `base_record`: the baseline's name and
-  cache key); what the bench settles without an evaluation (`no_candidate`, `input_error`) is verdict-shaped
-  (`bench_verdict`), so every line reads the same way.
-- `measured_texts`: a task's baseline verdicts by candidate text, for the optimize run of that task
-  (`search.shared`: the recipes policy's first round proposes the same texts).
+Every line of `verdicts.jsonl` and `baselines.jsonl` is verdict-shaped: the evaluator's record unchanged plus
+the bench's fields, or `bench_verdict` for what the bench settles without an evaluation.
+Rationale: docs/design/bench.md#records
 """
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
 """The bench report: one self-contained HTML page from a bench summary (`metrics.summarise`).
 
-Design decisions
-- Same rules as `report.py` (whose styles it reuses): no dependencies, no network, no JavaScript;
-  plots are SVG generated here; every string that came from a task, a candidate or a verdict message
-  is HTML-escaped.
-- Contents: headline numbers; fast_p against eager and against the best `torch.compile` baseline,
-  overall and per level; the speedup distribution (each series sorted, log scale: the candidates and
-  every measured baseline, failures counted in the caption); per-task bars of the candidate next to
-  each baseline (log scale around 1.0, failures marked ×; scrolls sideways for long suites); the
-  baselines' own summary; one row per task with its verdict; input errors and notes.
-- A baselines-only bench judged no candidate, and its page says only that: no candidate settings in the
-  header, and the task table shows each task's baselines instead of a column of `not_evaluated`.
-- The header's time is the directory's, over every invocation: its evaluations' seconds as `timeuse` adds them
-  up from the records (a resumed bench's own wall time is only what the last invocation did, seconds after a
-  resume of a finished run). The invocation's wall time is shown beside it, named as such.
-- Numbers are right-aligned in every table, and so are their headers (`_CSS_BENCH`): a header over a column of
-  numbers sat at the left edge of its cell while the numbers sat at the right.
+No dependencies, no network, no JavaScript; plots are SVG generated here; every string from a task, a
+candidate or a verdict is HTML-escaped. The header's time covers every invocation of the directory.
+Rationale: docs/design/bench.md#report
 """
 from __future__ import annotations
 
@@ -109,7 +96,7 @@ def distribution_plot(summary: dict, width: int = 1100, height: int = 320) -> st
 def task_bars(summary: dict, height: int = 240) -> str:
     """Per task, the candidate's bar next to each baseline's. Task names are whole, vertical under their group
     (a group is at least a line of text wide, so neighbours never overlap), and the plot grows downwards to fit
-    the longest (names were cut to 28 characters and rotated into each other)."""
+    the longest (never cut, never rotated into each other)."""
     series = _series(summary)
     items = summary.get("items") or []
     if not series or not items:
@@ -264,7 +251,7 @@ def _secs(v: float) -> str:
 
 
 def _time(s: dict) -> str:
-    """The header's time (module docstring): every evaluation in the directory, then this invocation's wall."""
+    """The header's time (docs/design/bench.md#report): every evaluation in the directory, then this invocation's wall."""
     t = s.get("time_use") or {}
     wall = s.get("wall_s")
     now = ""

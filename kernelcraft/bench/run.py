@@ -1,56 +1,12 @@
 """`kernelcraft bench SOURCE`: judge a whole suite of (task, candidate) pairs against baselines and summarise.
 
-Design decisions
-- Sources (`sources.py`) become items — one task + at most one candidate each: a built-in suite, a
-  directory of KernelBench files (+ `--candidates DIR`), or a CUDA-L1 pairs file. Without candidates
-  (and not a pairs file), each task is *optimized*: `optimize(policy, budget)` runs into
-  `OUT/runs/<task>` (resumable by itself) and its `best.py` is judged afresh like any candidate.
-- Nothing an input contains can crash the bench. A row or file the bench cannot use (bad JSON, no
-  `ref_code`, a reference that is not a KernelBench task) is an item with status `input_error`: it is
-  recorded with its message and counted in `input_errors`, and left out of the metrics (it says
-  nothing about a candidate). Only such statically detected problems are excluded; anything that goes
-  wrong once code runs is the verdict's business. A task without a candidate (a null `custom_code`, no
-  file in the candidates directory, an optimization that found nothing verified faster than the
-  reference) is an item with status `no_candidate`: it counts as a task that failed. Those two statuses
-  are bench-only; every other record is the evaluator's verdict record, unchanged, plus bench fields.
-- Every candidate goes through `serve.pool.Pool` (build slots for inline extensions, timing slots per device,
-  fresh worker per evaluation), with the same protocol for candidates and baselines (`baselines.py`).
-  Work is submitted task by task (its baselines, then its candidates), so an interrupted bench has
-  whole rows. `--jobs` is the pool's timing slots per device: by default the pool's own (`gpu_slots` per GPU,
-  with the device lock covering each worker's whole device phase, so the other slots only overlap worker
-  start-up and imports) and, like `optimize`, 1 on a CPU with fewer than 8 cores.
-- Several GPUs of one kind (`--device cuda:all` or `cuda:0,cuda:1`; `devices.resolve_many`) serve one bench: the
-  pool gets timing slots on each and routes every evaluation to whichever is free, and each optimize run is
-  leased the least busy GPU (`--task-jobs` defaults to the number of GPUs). One product name for all, so the
-  device pin, the baseline cache and the numbers mean one kind of GPU; each verdict records its own device.
-- Each optimize run is handed its task's baseline verdicts by candidate text (`records.measured_texts`): the recipes
-  policy's first round proposes `compile:default` and `cudagraph`, the very texts the baselines measured, and
-  the run takes those verdicts (under the same protocol, on the same device kind) instead of measuring them
-  twice; its confirmations and the final judgement of best.py are measured afresh as before.
-- Optimizations run after the pool's work, `--task-jobs` tasks at once (threads; each `optimize` run has
-  its own run directory, lock, database and parallel evaluations). Several are safe on one GPU: every
-  evaluation holds the device lock (a cross-process flock) for its whole device phase, so GPU work never
-  overlaps. Default 1: measured on the H100 with `recipes` (BENCHMARKS.md), 2 at once made each run take
-  twice as long and gained nothing, because a compile recipe's first call (inductor compile and autotuning)
-  is on the device lock. It pays where proposals wait on something else (an LLM endpoint). The shared
-  policy, unless marked `thread_safe` (`policies`), proposes for one run at a time. Records are logged in
-  the calling thread, in completion order; 1 at a time is the old in-order loop. A failed task or Ctrl-C
-  sets the runs' cancel event: they stop, dropping verdicts that arrive later. Not pinned in
-  `bench.json`: a resume may use another `--task-jobs`, or another number of GPUs of the same kind.
-- Results stream in completion order; each is appended to `OUT/verdicts.jsonl` the moment it arrives
-  (flushed and fsync'd), keyed by (task SHA-256, candidate SHA-256) — or the optimize settings instead
-  of a candidate. Resume is that file: a rerun with the same `--out` skips every key already in it.
-  Identical pairs are evaluated once and share the record (`items` lists them). Ctrl-C keeps every
-  finished line, drops what was in flight (killing its workers) and raises `Interrupted`.
-  `OUT/bench.json` pins the device and the measurement protocol; a rerun with other settings into the
-  same directory is refused rather than mixing numbers.
-- Metrics and the summary are `metrics`' business (definitions there).
-- The summary says what this invocation did: `resumed` (items already in the log), `evaluated`
-  (items judged now), and for baselines `measured_now`, `from_run` (this directory's
-  `baselines.jsonl`) and `cache_hits` (the shared cache).
-- Outputs: `OUT/verdicts.jsonl` (one line per evaluated pair), `OUT/baselines.jsonl` (baseline
-  verdicts), `OUT/summary.json` (the summary, with a row per item), `OUT/report.html` (`report`).
-  The library prints nothing; progress goes to an `on_event(kind, **data)` callback.
+Every candidate and baseline goes through one `serve.pool.Pool` under one protocol, submitted task by task;
+tasks without a candidate are optimized (`OUT/runs/<task>`, `--task-jobs` at a time) and their `best.py`
+judged afresh. Each result is appended to `OUT/verdicts.jsonl` as it arrives (fsync'd), keyed by (task sha,
+candidate sha or optimize settings): a rerun with the same `--out` resumes from it. `OUT/bench.json` pins the
+device and the protocol; a rerun with others is refused. Ctrl-C keeps finished lines and raises `Interrupted`.
+The library prints nothing: progress goes to `on_event(kind, **data)`.
+Rationale: docs/design/bench.md#run
 """
 from __future__ import annotations
 
@@ -338,7 +294,7 @@ def _check_meta(out: Path, source: Source, devname: str, protocol: dict, optimiz
 
 def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: threading.Event, emit,
                     optimize_one: Callable[[Item], dict]) -> int:
-    """Optimize the tasks `keys`, `jobs` at a time (module docstring; `taskpool.run_tasks`); returns the items
+    """Optimize the tasks `keys`, `jobs` at a time (docs/design/bench.md#run; `taskpool.run_tasks`); returns the items
     judged. Every record is logged and reported here, in the calling thread, in completion order."""
     def finished(key: str, rec: dict) -> int:
         group = groups[key]

@@ -1,28 +1,10 @@
 """Bench sources: SOURCE (+ an optional candidates directory) -> items, one task + at most one candidate each.
 
-Design decisions
-- Sources become *items* (one task + at most one candidate each) before anything runs:
-  - a built-in suite or part of it: `gpu`, `tiny`, `gpu/level1`, `tiny/level2`, `level1` (tier by
-    device: `tiny` on a CPU, `gpu` on CUDA), or one built-in task (`tiny/level1/relu`);
-  - a directory of KernelBench task files (searched recursively; `_*` and hidden paths skipped). The
-    level comes from a `level1`/`level_1` part of the path (the directory's own name included), the
-    KernelBench problem ID from a leading number in the file name (`1_Square_matrix_multiplication_.py`);
-    a single task file works too;
-  - a pairs file in the CUDA-L1 release format: JSON lines (or one JSON array) of objects with
-    `ref_code`, `custom_code`, optional `level_id`, `task_id`. Every other field is kept and written
-    back under `extra` in the item's record.
-  With `--candidates DIR` (not for pairs), each task's candidate is `DIR/<relative path>.py` or
-  `DIR/<task stem>.py`, or, when DIR holds files named like KernelBench's run layout
-  (`level_<L>_problem_<ID>_sample_<S>_kernel.py`), the files matching the task's level and problem ID;
-  several samples of one problem are several items (`<task>@sample<S>`). Without candidates (and not
-  a pairs file), each task is *optimized*: `optimize(policy, budget)` runs into `OUT/runs/<task>`
-  (resumable by itself) and its `best.py` is judged like any candidate.
-- Nothing here runs code from a task or a candidate: files are read and parsed (`task.validate_source`)
-  only. A row or file that cannot be used becomes an item carrying `error` (status `input_error` in the
-  bench); a task without a candidate carries `missing` (status `no_candidate`), in a pairs file also a
-  `custom_code` that is null, empty or whitespace, or the text `None`/`null` (CUDA-L1's "no kernel": before,
-  those were judged as code and became `compile_error`). Only a SOURCE that
-  cannot be read at all, or holds nothing, raises `BenchError`.
+A built-in suite or task, a directory of KernelBench files, a single task file, or a CUDA-L1 pairs file.
+Nothing here runs code: files are only read and parsed. An unusable row or file becomes an item with `error`
+(`input_error`), a task without a candidate one with `missing` (`no_candidate`); only a SOURCE that cannot be
+read at all, or holds nothing, raises `BenchError`.
+Rationale: docs/design/bench.md#sources
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Optimize runs side by side in one bench (`--task-jobs`, several GPUs): the threads, the GPU lease, the policy.
 
-Design decisions
-- `run_tasks` runs one callable per key, `jobs` at a time, and hands every result to `finished` in the calling
-  thread, in completion order (1 at a time is the plain in-order loop, in this thread). A failed task sets the
-  shared stop event so the running ones stop at their next step; what finished meanwhile is still handed over,
-  then the error propagates. Ctrl-C propagates at once: the caller kills the workers.
-- `DeviceLease` gives each run the least busy GPU of the bench's list when it starts; the run's own evaluations
-  stay on it (its `best.py` is judged afterwards through the shared pool, on any GPU).
-- `OneAtATime` wraps a policy not marked `thread_safe`: concurrent runs share it, one `propose` at a time.
+`run_tasks` hands every result to `finished` in the calling thread, in completion order; a failed task or
+Ctrl-C sets the shared stop event. `DeviceLease` gives each run the least busy GPU; `OneAtATime` serialises a
+policy not marked `thread_safe`.
+Rationale: docs/design/bench.md#taskpool
 """
 from __future__ import annotations
 
@@ -49,12 +45,12 @@ class OneAtATime:
 
 def run_tasks(keys: list[str], jobs: int, stop: threading.Event, run_one: Callable[[str], dict],
               finished: Callable[[str, dict], int], label: Callable[[str], str] = str) -> int:
-    """`run_one(key)` for every key, `jobs` at a time; the sum of `finished(key, result)` (module docstring).
+    """`run_one(key)` for every key, `jobs` at a time; the sum of `finished(key, result)` (docs/design/bench.md#taskpool).
 
     The runs are daemon threads reporting on a queue, not a `ThreadPoolExecutor`: an executor's threads are joined
-    at interpreter exit, and a Ctrl-C that landed while `as_completed` held its futures' locks left one of them
-    waiting forever on a future's lock, so `kernelcraft bench` printed "re-run the same command to resume" and
-    never exited (the CPU suite's `test_task_jobs_ctrl_c_stops_the_running_optimizations`, 2 runs in 4)."""
+    at interpreter exit, and a Ctrl-C that lands while `as_completed` holds its futures' locks can leave one of them
+    waiting forever on a future's lock, so `kernelcraft bench` would print "re-run the same command to resume" and
+    never exit (`test_task_jobs_ctrl_c_stops_the_running_optimizations` covers it)."""
     if min(jobs, len(keys)) <= 1:  # in order, in this thread
         return sum(finished(key, run_one(key)) for key in keys)
     todo, done = queue.SimpleQueue(), queue.SimpleQueue()

@@ -1,26 +1,9 @@
 """Where a bench's seconds went: its evaluations by kind and level, and their time off the device, waiting for it
 and on it, per worker phase.
 
-Design decisions
-- Measure before cutting (issue 20): every verdict carries its worker's phase times (`phases_s`), so they are read
-  back from everything the run directory holds, whichever invocation measured it. A bench resumed over several
-  device calls reports its total across them, not the last call's. Sources:
-  - the bench's own judgements (`verdicts.jsonl` as its log holds them: a given candidate, an optimize run's
-    best.py): kind `candidate`;
-  - its baselines (kind = the baseline's name); those taken from the shared cache (`cached`) are left out, they
-    were measured elsewhere;
-  - each optimize run's database (`runs/*/run.db`, opened read-only: `RunDB` would create its schema): kind
-    `search` for its candidates, `confirm` for its confirmations, `null` for its null control. Verdicts handed to a
-    run from the bench's baselines (marked `shared`) are left out: they are counted once, as baselines.
-  The two logs are passed in as the bench already read them (`run._Log`), not read again here.
-- Three clocks per evaluation, split as the runner splits them: off the device (start-up, build, imports:
-  `runner.BUILD_PHASES`), waiting for it (`runner.WAIT_PHASES`), and every other phase on it (the judge's device
-  phase, under the device lock on a GPU). The device seconds bound a GPU's throughput: their sum is the least wall
-  time one GPU needs for the run, whatever else overlaps. A verdict settled without a worker (screened out, a
-  failed prebuild, a bench-only record) counts as an evaluation with no time.
-- A re-measured verdict's phases are the sum over its runs (`evaluate` adds them): it counts its whole cost.
-- Per task: a task's device seconds are those of all its evaluations (baselines, search, confirmations, judgement);
-  `device_s_per_task` (total / tasks) is the number issue 20's budget is written in.
+Read back from every verdict the run directory holds (`phases_s`), whichever invocation measured it; cached
+baselines and verdicts an optimize run took from the bench's baselines (`shared`) are not counted again.
+Rationale: docs/design/bench.md#timeuse
 """
 from __future__ import annotations
 

@@ -3,4 +3,5 @@
 
 Named `builder`, not `build`: tools (linters, packagers, structure viewers) treat a `build/` folder as
 generated output and skip it.
+Rationale: docs/design/builder.md
 """

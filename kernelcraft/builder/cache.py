@@ -1,28 +1,11 @@
 """Build: a content-addressed cache around `torch.utils.cpp_extension.load_inline`, and error trimming.
 
-Design decisions
-- The worker replaces `load_inline` (and `load`) in `torch.utils.cpp_extension` *before* the candidate
-  is imported, so candidates call it unchanged. The wrapper keys the build on everything that changes
-  the binary: sources, flags, module name, torch / CUDA / Python versions and the arch list. The key
-  names the build directory, so identical candidates share one build and different ones never share a
-  directory (parallel builds cannot contend).
-- One `fcntl.flock` per build directory serialises builders of the *same* key across processes and
-  hosts sharing the filesystem. The kernel drops a flock when its holder dies, so a killed build never
-  leaves a stale lock; torch's own `lock` file found under our flock is by definition stale and removed.
-- The arch list is explicit (`TORCH_CUDA_ARCH_LIST` = the target GPU's capability, `9.0a` on Hopper so
-  wgmma is allowed), never torch's "all visible + PTX" default.
-- Cold builds take the fast path of `kernelcraft.builder.fastbuild` where it applies: the kernels split from
-  the wrapper (`kernelcraft.builder.cusplit`: nvcc compiles them without torch in ~1-2 s, the wrapper joins
-  main.cpp), else the `.cu` compiled with `torch/types.h` instead of `torch/extension.h` (nvcc 2-3x
-  faster), or with no torch header at all when it names nothing of torch. A failure falls back (split ->
-  types -> plain), so valid candidates never become compile errors and broken ones report the plain
-  build's error.
-  The fast path has its own key; `KERNELCRAFT_FASTBUILD=0` turns it off.
-- The host half (main.cpp) is compiled against a precompiled torch/extension.h (`kernelcraft.builder.pch`) where
-  GCC allows it; the flags that adds are chosen at a directory's first build and kept (`.pch`), so a
-  cache hit loads the same build. `KERNELCRAFT_PCH=0` turns it off.
-- Compiler output is trimmed to the error lines with a little context: the message is read by a person
-  and, later, by an LLM writing the next candidate.
+The worker installs `BuildCache.load_inline`/`load` before the candidate is imported. The key covers everything
+that changes the binary (sources, flags, name, torch/CUDA/Python versions, ABI, arch list) and names the build
+directory; one flock per key serialises builders of the same key across processes and hosts. Cold builds take
+`fastbuild`'s path with a fallback to the plain build, so a valid candidate never becomes a compile error.
+Compiler output is trimmed to its error lines.
+Rationale: docs/design/builder.md#cache
 """
 from __future__ import annotations
 
@@ -138,7 +121,7 @@ class BuildCache:
         if rec.exists():
             return json.loads(rec.read_text())
         if (Path(d) / ".built").exists():
-            return []  # built before PCHs: keep its flags
+            return []  # built without a PCH record: keep its flags
         if kwargs.get("with_cuda") is not None:
             with_cuda = bool(kwargs["with_cuda"])
         flags = pch.cflags(self.root.parent / "pch", extra_cflags, extra_include_paths, with_cuda, kwargs, header)

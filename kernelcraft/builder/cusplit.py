@@ -1,45 +1,9 @@
 """Split a candidate's `.cu` into a torch-free `.cu` (kernels) and host code for main.cpp (the wrapper).
 
-Why: nvcc's cost in a `load_inline` build is parsing torch's headers, three times (BENCHMARKS.md, "Cold
-build"); the kernels need none of them. A typical LLM candidate (KernelBench's example and everything
-imitating it) keeps kernels and the Tensor wrapper in one `.cu` that includes `torch/extension.h`. Moved
-to main.cpp — compiled by g++ against a precompiled light header set (`kernelcraft.builder.pch`) — the wrapper
-costs seconds, and nvcc compiles a `.cu` without torch in ~1-2 s.
-
-Design decisions
-- Top-level declarations are the unit: a scanner (comments, string and character literals, preprocessor
-  lines, brace/paren depth) cuts the source into top-level chunks; each goes to the `.cu`, to main.cpp or
-  to both, in its original order. `__global__` definitions go to the `.cu`, and to main.cpp as a plain
-  declaration (`__global__` and `__launch_bounds__` dropped): for nvcc the host side of a kernel is an
-  ordinary function (its launch stub; hidden visibility, linked within the module) of that signature.
-  The `.cu` starts with the CUDA runtime and the standard headers torch's would bring (`PRELUDE`).
-  `__device__` functions go to the `.cu`, `__host__ __device__` ones to both, other functions (the
-  wrapper, host helpers) and anything naming torch to main.cpp; types, constants, macros and non-torch
-  includes to both.
-- A launch `k<<<grid, block[, smem[, stream]]>>>(args)` in host code becomes
-  `kc_split_launch(k, grid, block[, smem[, stream]])(args)`: a lambda whose parameters have the kernel's
-  own parameter types, so the arguments convert exactly as at a launch, then what nvcc makes of `<<<>>>`:
-  `__cudaPushCallConfiguration` (cudart's, what every nvcc-compiled launch calls) and a call of the kernel's
-  host stub, which pops the configuration and launches. The `<<<>>>` code path itself, so the same errors
-  (checked on the GPU: an invalid block size fails with the same CUDA error as in a plain `.cu`), the same
-  default stream and shared memory.
-- Kernel templates (on by default since their GPU test passed on an H100; `KERNELCRAFT_SPLIT=notemplates`
-  turns them off): launches name
-  their arguments (`k<256>`, `k<scalar_t>` under `AT_DISPATCH_*`) and the `.cu` exports each instantiation
-  through an address function (`cutemplates`); c10/util/Half.h or BFloat16.h at the top of the `.cu` when
-  those types are among them, the only torch headers a split `.cu` may get.
-- Declines (returns None, and the `types` path is tried) rather than guesses: a template launched without
-  its arguments or under a dispatch macro `cutemplates` does not know, preprocessor conditionals, `__CUDA_ARCH__`, namespaces and `extern "C"` blocks, device variables (`__constant__`, `__device__`,
-  `__managed__`), launches inside device code, a launch of anything but a known kernel name, device code
-  that names torch, raw strings, flags in `extra_cuda_cflags` that would reach the host code in a plain
-  build (`-D`, `-U`, `-I`, `-Xcompiler`, per-thread default stream; `-Xptxas` and the like are device-only
-  and fine), and any chunk the scanner cannot classify.
-- Anything the rewrite gets wrong fails to compile, link or import (a host-only name missing from the
-  `.cu`, a device-only one from main.cpp, a duplicate definition): the build then falls back (`fastbuild`),
-  so a valid candidate never pays for the split with its verdict. What a split build cannot change: the
-  kernels' code and flags (the same text through nvcc with the candidate's `extra_cuda_cflags`).
-  Accepted difference: the host wrapper is compiled by g++ with main.cpp's flags instead of nvcc's host
-  pass (no `__CUDACC__` in host code, which the decline list above keeps out of the wrapper's own text).
+Top-level declarations are the unit, kept in their order; `<<<>>>` launches in host code become
+`kc_split_launch` calls with the kernel's own parameter types. Anything this module cannot classify or does
+not know is declined (None), never guessed; what a split gets wrong fails to build and falls back (`fastbuild`).
+Rationale: docs/design/builder.md#cusplit
 """
 from __future__ import annotations
 
@@ -96,7 +60,7 @@ class _Decline(Exception):
 
 
 def split(cuda_source: str, extra_cuda_cflags=None, templates: bool = False) -> Split | None:
-    """The split of one `.cu` source, or None where this module declines (see the docstring). Kernel
+    """The split of one `.cu` source, or None where this module declines (docs/design/builder.md#cusplit). Kernel
     templates only with `templates=True` (what builds pass unless `KERNELCRAFT_SPLIT=notemplates`)."""
     try:
         return _split(cuda_source, extra_cuda_cflags, templates)

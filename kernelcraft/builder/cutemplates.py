@@ -1,16 +1,10 @@
 """Kernel templates in a split build (`cusplit`): which instantiations a launch needs, and the `.cu` code that
 makes them linkable from main.cpp.
 
-Design decisions
-- A launch names its template arguments (`k<256>`, `k<float, 4>`); `scalar_t` inside an `AT_DISPATCH_*`
-  macro call stands for each type that macro instantiates its lambda for (the table below, from
-  ATen/Dispatch.h), so the split `.cu` instantiates exactly what the plain build's `.cu` would. Macros not in
-  the table (complex types, AT_DISPATCH_SWITCH, `_AND` variants naming other scalar types) decline.
-- nvcc gives the host stub of a template kernel internal linkage (checked with `nm`: `t`, where a plain
-  kernel's stub is `T`), so main.cpp cannot reference `k<float>` itself. Per kernel template the `.cu` gets
-  an ordinary host function template returning the stub's address (taking it instantiates the kernel,
-  device code and stub, as a launch in the `.cu` would), explicitly instantiated for each needed argument
-  list: ordinary external symbols, whose mangled names g++ and nvcc's host compiler agree on.
+A launch's template arguments (or the types an `AT_DISPATCH_*` macro in the table instantiates) are exactly
+what the plain build instantiates; each is exported through an explicitly instantiated host function template
+returning the kernel stub's address. Unknown macros decline.
+Rationale: docs/design/builder.md#cutemplates
 """
 from __future__ import annotations
 

@@ -1,41 +1,10 @@
 """Fast path for cold `load_inline` builds: compile the candidate's `.cu` without `torch/extension.h`.
 
-Where a cold build's time goes (nvcc 13, torch 2.13, `nvcc -time`; see BENCHMARKS.md, "Cold build"):
-the `.cu` that `load_inline` writes includes whatever the candidate includes, and typical candidates
-include `<torch/extension.h>` (pybind11, Python.h and the whole C++ frontend, torch/all.h). nvcc parses
-that three times — EDG in cudafe++ (host side), EDG in cicc (device side) and gcc on cudafe++'s output —
-and ptxas, fatbinary, -O levels and the link are noise. The kernels themselves need almost nothing.
-
-Design decisions
-- First choice where it applies, `split` (`kernelcraft.builder.cusplit`): the kernels stay in a torch-free `.cu`,
-  the wrapper moves to main.cpp, which then starts with the light header set (`pch.HEADERS["light"]`,
-  torch/types.h plus the binding's needs, the same accepted risk as `types` below) unless its code needs
-  extension.h. nvcc takes ~1-2 s; main.cpp a few seconds with its precompiled header. Any failure of the
-  split build (compile, link, import: the rewrite touched main.cpp too) falls back to `types`, then plain.
-- Else two rewrites of `cuda_sources`, nothing else (main.cpp, flags, arch stay the candidate's):
-  `types`: each `#include <torch/extension.h>` (or `torch/torch.h`, `torch/all.h`) line becomes
-  `#include <torch/types.h>` — the header `load_inline` itself puts in front of `cuda_sources` (tensors,
-  ATen ops, TORCH_CHECK, AT_DISPATCH, factories). One line for one, so line numbers stay the candidate's.
-  `bare`: a `.cu` that names nothing of torch (kernels plus launchers on raw pointers, the Tensor wrapper
-  in `cpp_sources`) is compiled without torch/types.h too (`no_implicit_headers=True`, with the
-  extension.h line of main.cpp and the cuda.h / cuda_runtime.h lines of the .cu added back by hand).
-- `types` is not tried when the CUDA source visibly needs what only extension.h brings (pybind11 /
-  Python, torch::nn, torch::cuda, torch::optim, ...): a rewrite that cannot compile only costs time.
-- Fallback, so the rewrite never turns a valid candidate into a compile_error: if the fast build fails
-  *in the nvcc step*, the plain build runs in the same directory (main.o, already built, is reused; the
-  versioner entry is restored so the module keeps its name) and its result — success, or the compiler
-  error a plain build gives — is what the candidate sees. A failure elsewhere (main.cpp, link, import)
-  is the plain build's failure too: the rewrite does not touch those inputs, so it is raised as is.
-  The price: a candidate whose kernel does not compile pays the fast try before the plain build's
-  error (the two nvcc front ends up to the error, not two whole builds).
-- The fast path has its own cache key (the plain key plus the plan's tag, e.g. `split-1+types-1`); the
-  variant that built a directory is recorded in it (`.variant`: `split-N`, `types-N`, `bare-N` or
-  `plain`), so a cache hit never retries a rewrite that failed.
-- Off with `KERNELCRAFT_FASTBUILD=0` (the plain key and build, exactly as before this module);
-  `KERNELCRAFT_SPLIT=0` turns off the split only, `KERNELCRAFT_SPLIT=notemplates` its kernel templates.
-- Accepted risk: a call that compiles with and without the dropped headers but resolves to another
-  overload. Nothing a kernel wrapper calls is overloaded by torch/all.h or pybind11 (the usual API
-  was checked to compile unchanged against torch/types.h), and a torch-free .cu declares its own.
+`plan` picks `bare` (a `.cu` naming nothing of torch), else `split` (`cusplit`) then `types` (extension.h
+includes become torch/types.h); `build_with_fallback` tries them in order and ends with the plain build, so
+the candidate sees either a working module or the plain build's error. The variant that built a directory is
+recorded in `.variant`. Off with `KERNELCRAFT_FASTBUILD=0`; `KERNELCRAFT_SPLIT=0` / `notemplates`.
+Rationale: docs/design/builder.md#fastbuild
 """
 from __future__ import annotations
 
@@ -103,7 +72,7 @@ def plan(cpp_sources, cuda_sources, kwargs: dict | None = None, extra_cflags=Non
     if not cuda_sources or not enabled() or kwargs.get("no_implicit_headers"):
         return None
     if not all(isinstance(s, (str, list)) for s in (cpp_sources, cuda_sources)):
-        return None  # what load_inline takes (it inserts into lists); anything else fails there as before
+        return None  # what load_inline takes (it inserts into lists); anything else fails there, in the plain build
     srcs = [cuda_sources] if isinstance(cuda_sources, str) else list(cuda_sources)
     cpps = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources)
     if not all(isinstance(s, str) for s in srcs + cpps):

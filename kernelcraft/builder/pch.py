@@ -1,40 +1,10 @@
 """A precompiled `torch/extension.h` for the host half (`main.cpp`) of `load_inline` builds.
 
-Every `load_inline` build compiles a `main.cpp` that starts with `#include <torch/extension.h>` (pybind11,
-Python.h, the whole C++ frontend): ~24 s of g++ on a 2-core host, 15 s on the H100's, for a file whose own
-code is a few lines. With this header precompiled, g++ loads it instead of parsing it (BENCHMARKS.md,
-"Cold build").
-
-Design decisions
-- Our own PCH, in the kernelcraft cache (`<cache>/pch/<key>/kc_torch.h` + `kc_torch.h.gch`), not torch's
-  `load_inline(use_pch=True)`: that one writes into site-packages (read-only in the sandbox) and every
-  call without it deletes the file, so concurrent builds would race.
-- Used through `-include <dir>/kc_torch.h -Winvalid-pch` appended to `extra_cflags`, which torch passes to
-  the host compile only (nvcc gets `extra_cuda_cflags`). `kc_torch.h` includes `torch/extension.h`, so
-  main.cpp's own include of it is then a no-op (`#pragma once`). GCC checks the PCH itself (compiler
-  build, macros, code-generation options) and, where it does not match, parses the header as usual: a
-  stale or foreign PCH costs time, never a different binary. The build cache key does not change.
-- The exact flags come from torch itself: its ninja writer (`_write_ninja_file_to_build_library`, private:
-  any failure means no PCH) renders the build for these arguments into a scratch directory, and the PCH
-  is compiled with main.cpp's command minus `-DTORCH_EXTENSION_NAME=...` (no torch header names it, so
-  GCC accepts the PCH for any module name). The key is the hash of that command and the compiler's
-  version line.
-- Workers only *use* a PCH; they never make one (a 40-60 s header compile would land on one candidate's
-  build clock). The trusted caller makes them: `evaluate` calls `warm` before a candidate that builds,
-  which starts a detached `python -m kernelcraft.builder.pch DIR` per missing key, for the usual flag sets (none
-  and `-O3`; CUDA or not, as the candidate) and returns at once; builds meanwhile compile without it.
-  Automatic on hosts with >= 8 cores (`KERNELCRAFT_PCH=auto`, the default), where a core for a minute is
-  cheap and builds are many; `KERNELCRAFT_PCH=1` warms anywhere, `0` turns PCHs off. A candidate with
-  other `extra_cflags` gets no PCH unless its key was made (`make` does it synchronously).
-- One maker per key (a non-blocking flock; losers return). The header is compiled to a temporary name
-  and renamed, so no build ever sees half a `.gch`; a failed compile leaves a `failed` marker and is
-  not retried for that key.
-- Only where it cannot change what main.cpp means: GCC on Linux, and main.cpp starting with
-  torch/extension.h (not `no_implicit_headers=True` from the candidate, whose code may then precede
-  its includes). Off with `KERNELCRAFT_PCH=0`.
-- Costs: ~0.8 GB of disk per key (so up to ~3 GB: two flag sets, CPU and CUDA builds) and one header
-  compile per key in the background (55 s of one core on a 2-core host, load included).
-- The cache is shared trust (see `sandbox`): whoever can write it can poison builds, the PCH included.
+PCHs live in `<cache>/pch/<key>/` (`kc_torch.h` + `.gch`), keyed by torch's own compile command and the
+compiler's version; used through `-include ... -Winvalid-pch`, so a stale PCH costs time, never a different
+binary. Workers only use them; `warm` (called by the trusted caller) starts detached makers, one per key.
+GCC on Linux only. `KERNELCRAFT_PCH`: `auto` (>= 8 cores, the default), `1`, `0`.
+Rationale: docs/design/builder.md#pch
 """
 from __future__ import annotations
 
@@ -101,7 +71,7 @@ def make(root: Path, extra_cflags, extra_include_paths, with_cuda: bool, kwargs:
 
 
 def warm(root: Path, with_cuda: bool) -> list[Path]:
-    """Start making the missing PCHs of the usual flag sets in the background (see the module docstring);
+    """Start making the missing PCHs of the usual flag sets in the background (see docs/design/builder.md#pch);
     returns the directories started. Never raises: a PCH is an optimisation."""
     mode = _mode()
     if mode == "off" or (mode == "auto" and (os.cpu_count() or 1) < 8):
@@ -140,7 +110,7 @@ def _key_dir(root, extra_cflags, extra_include_paths, with_cuda: bool, kwargs: d
     cmd = _commands[memo]
     if cmd is None:
         return None
-    text = HEADERS[header]  # the full header keeps its earlier key, so PCHs already made stay in use
+    text = HEADERS[header]  # the full header's key is the command's hash alone; the light one's adds its text
     d = Path(root) / hashlib.sha256((cmd if header == "full" else f"{cmd}\n{text}").encode()).hexdigest()[:24]
     if write and not (d / "command").exists():
         d.mkdir(parents=True, exist_ok=True)
@@ -191,7 +161,7 @@ def _make(d: Path) -> bool:
             return False  # being made by another process
         if (d / f"{HEADER}.gch").exists():
             return True
-        if not (d / HEADER).exists():  # made by an earlier version: the full header
+        if not (d / HEADER).exists():  # a key directory without its header file: the full header
             (d / HEADER).write_text(HEADERS["full"])
         cmd = (d / "command").read_text().split("  # ")[0]
         try:

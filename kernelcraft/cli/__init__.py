@@ -1,20 +1,10 @@
-"""The `kernelcraft` command: a thin typer layer over the library API (see ../shared/CONTRACT.md).
+"""The `kernelcraft` command: a thin typer layer over the library API (contract: docs/contract.md).
 
-Design decisions
-- Every command is a call into the library plus printing. With `--json` the last line of stdout is the
-  JSON record and nothing else goes to stdout after it; human output is rich tables/panels.
-- Exit status 0 whenever a verdict was reached (whatever it says); 2 with a one-line message for usage
-  errors, click's own parse errors included (`common._Group`): missing or unreadable file, unknown task
-  (with the closest names), bad option or value, a device that is not there, unreachable LLM endpoint; a
-  usage error leaves no directory behind (`checks.no_leftovers`). `tasks --check` exits 1 when it flags a
-  task (a check, not a verdict: scripts gate on it); 130 when interrupted (`interrupt.Interrupts`:
-  acknowledged at once, finished results kept). The README's CLI section lists them.
-- Output to a pipe or file is never wrapped or cut (`common._console`, `common.table`): what a script or a
-  file receives is what was printed; a terminal gets rich's layout at its width, cells folded rather than
-  cut. `--version` prints one line.
-- One module per group of commands (`judge`: eval, tasks; `optimize`; `report`; `bench`; `tune`; `serve`;
-  `train`), each registering on the one app of `common`, which also declares the protocol options; `checks`
-  holds what they check before anything runs.
+Every command is a call into the library plus printing. Exit status: 0 when a verdict was reached, 2 for a
+usage error (one line on stderr, no directory left behind), 1 when `tasks --check` flags a task, 130 when
+interrupted. With `--json` the last line of stdout is the JSON record; output to a pipe or file is never
+wrapped or cut. One module per group of commands, each registering on the app of `common`.
+Rationale: docs/design/cli.md#cli
 """
 import sys
 

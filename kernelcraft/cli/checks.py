@@ -1,17 +1,9 @@
 """What the commands check before anything runs, and what they clean up when a usage error stops them anyway.
 
-Design decisions
-- A command checks its inputs first (task, candidate, device, policy, output directory, numbers), so that a bad
-  one is a one-line usage error before a worker starts or a directory is created.
-- An unknown built-in task name (or bench suite) names the closest built-in names (difflib), within its one line.
-- A file that cannot be read (not UTF-8, a directory, no permission) is named in its error; Python's own message
-  ("'utf-8' codec can't decode byte 0xa0") said neither which file nor what to do.
-- `no_leftovers`: some problems show only once the library runs (an LLM endpoint that does not answer, a device
-  that fails when first used). A directory this invocation created is removed when a usage error (exit 2) ends
-  it, unless it holds a finished evaluation or a result by then: a rerun with the fixed command must not be
-  refused by the pin (bench.json, run.db's protocol) of a run that never ran, and a mistyped `--out` must not
-  leave a folder behind. What is kept is decided from the files (`_worth_keeping`), conservatively: a file this
-  module does not know is kept.
+Bad inputs are one-line usage errors (naming the file, or the closest built-in names) before a worker starts
+or a directory is created. `no_leftovers` removes a directory this invocation created when a usage error ends
+it, unless it holds a finished evaluation or a result (a file this module does not know is kept).
+Rationale: docs/design/cli.md#checks
 """
 from __future__ import annotations
 
@@ -212,7 +204,7 @@ def _worth_keeping(d: Path) -> bool:
 @contextlib.contextmanager
 def no_leftovers(path: Path):
     """Remove `path` (and the parents this invocation created for it) when a usage error ends the block and
-    nothing in it is worth keeping (module docstring)."""
+    nothing in it is worth keeping (docs/design/cli.md#checks)."""
     top = _first_missing(path)
     try:
         yield

@@ -1,22 +1,10 @@
 """What every command shares: the app, the two consoles, usage errors, JSON output, and the protocol's
 options — declared once here, so `eval`, `optimize` and `bench` spell, document and validate them alike.
 
-Design decisions
-- Protocol options default to None ("not given"): the `Protocol` model owns every default (per device
-  kind), so no command restates one. Their help text is the model's field description.
-- One name per knob in every command; an older spelling stays as a hidden alias (`--eval-time` for
-  `--time-budget`), so scripts written against it keep working.
-- A bad value is a usage error (exit 2, one line naming the option), never a verdict. An option that
-  belongs to another command (`eval --budget`) names that command instead of click's nearest spelling
-  (which offered `--time-budget`, a different knob): `_Group`.
-- Every usage error has one shape, whoever finds it: `error: <what is wrong>` on one line of stderr, exit 2.
-  click's own parse errors (an unknown option, a missing argument, a value that is not a number) are caught
-  in `_Group.main` and printed that way too, with the command's `--help` named, instead of typer's
-  usage-and-box of six lines.
-- Tables go through `table`: in a pipe or a file no cell is ever wrapped or cut (what a script reads is
-  what was measured); in a terminal they fit its width, a cell too wide folding onto more lines.
-- A built-in name without a tier on a CPU (`level1/x`) is the GPU-sized task; `tier_notice` says so before
-  anything runs, with the tiny tier's name.
+Protocol options default to None: the `Protocol` model owns every default. Every usage error, click's parse
+errors included (`_Group`), is `error: <what>` on one line of stderr and exit 2. Tables never wrap or cut a
+cell in a pipe or a file.
+Rationale: docs/design/cli.md#common
 """
 from __future__ import annotations
 
@@ -38,7 +26,7 @@ from kernelcraft.protocol import Protocol, ProtocolError, describe_problems
 
 class _Group(TyperGroup):
     """The app's group: an unknown option that another command has is answered with that command, and click's
-    parse errors are one-line usage errors like every other (module docstring)."""
+    parse errors are one-line usage errors like every other (docs/design/cli.md#common)."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:

@@ -1,15 +1,9 @@
 """Ctrl-C (and SIGTERM) for the long-running commands: acknowledged the moment it arrives.
 
-Design decisions
-- Python's default handler raises KeyboardInterrupt in the main thread, but the evaluation that is running
-  lives in a worker process group of its own (it never sees the terminal's SIGINT) and the thread waiting
-  for it finishes it first: a Ctrl-C went unanswered for as long as the evaluation had left. Here the handler
-  says at once what it is stopping, sets the run's cancel event (so a verdict that arrives from a killed
-  worker is dropped, never recorded as the candidate's), kills the live workers, and only then raises
-  KeyboardInterrupt; the command catches it, says what was kept and exits 130.
-- Workers a thread starts just after the kill are caught by a few follow-up kills over the next seconds
-  (the cancel event stops any new evaluation from starting).
-- A second Ctrl-C is a plain KeyboardInterrupt: no more waiting on anything.
+The handler says what it stops, sets the run's cancel event (a verdict from a killed worker is dropped), kills
+the live workers (and stragglers over the next seconds), then raises KeyboardInterrupt; the command exits 130.
+A second Ctrl-C is a plain KeyboardInterrupt.
+Rationale: docs/design/cli.md#interrupt
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """`kernelcraft optimize`: the search, with live progress.
 
-Design decisions
-- Nothing long happens without a word on stderr: what a resume picks up ("resuming: 5/8 candidates done"),
-  every verdict as it lands, why the run stopped (`stopped_detail`), and Ctrl-C the moment it arrives
-  (`interrupt.Interrupts`: the running evaluations are stopped, finished ones stay in OUT/run.db, exit 130).
+Nothing long happens without a word on stderr: what a resume picks up, every verdict as it lands, why the run
+stopped, and Ctrl-C the moment it arrives (finished results stay in OUT/run.db, exit 130).
+Rationale: docs/design/cli.md#optimize
 """
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """`kernelcraft report DIR`: the HTML page of any directory kernelcraft wrote.
 
-Design decisions
-- The directory says what it is, by the file each command writes first: `train.json` (a training run: a
-  `train` stage, or one arm and seed of `train learn`), `run.db` (an optimize run, and a tune run, whose
-  judged candidates are an optimize run), `bench.json` (a bench), `table.json` beside runs of its own (a
-  `train learn` experiment: each run's page is written, and its summary, `ablation.md`, is named). A
-  `report.html` already there changes nothing: it is rewritten.
-- A bench's page is rendered again from its `summary.json` (`bench.report`), the very page `bench` wrote. A
-  bench that has not finished has no summary yet: the error says how to finish it and names the reports its
-  finished optimize runs can give.
-- Given the page itself (`DIR/report.html`), its directory is meant.
+The directory's kind is read from the file each command writes first (`train.json`, `run.db`, `bench.json`,
+`table.json` beside runs); a bench's page is rendered again from its `summary.json`. Given `DIR/report.html`,
+its directory is meant.
+Rationale: docs/design/cli.md#report
 """
 from __future__ import annotations
 

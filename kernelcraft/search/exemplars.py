@@ -1,18 +1,9 @@
 """Exemplar selection: which previous candidates (with their scores) the policy is shown.
 
-Design decisions
-- Contrastive selection as in CUDA-L1: correct candidates are grouped into score buckets; N distinct
-  buckets are drawn without replacement with P(bucket) ∝ exp((mean_score_bucket − mean_score) / τ),
-  where mean_score is the mean over all correct candidates, and one candidate is drawn uniformly from
-  each chosen bucket. Showing codes from *different* score levels is the point: the policy can contrast
-  a fast and a slow implementation and reason about why one is faster.
-- The score is ln(speedup) by default: equal ratios are equal steps (1x -> 2x counts as much as
-  2x -> 4x), so τ means the same on every task. Buckets are fixed-width bins of the score
-  (`bucket_width`, default 0.1 ≈ 10% speedup steps): candidates within a bin are indistinguishable
-  given timing noise. `score="speedup"` uses raw speedups (CUDA-L1's literal choice).
-- When fewer than N buckets exist, all of them are used (never the same bucket twice).
-- Exemplars come back best first. `random` (uniform over correct candidates, distinct) is the
-  comparison baseline. Every draw uses the caller's `random.Random`, so runs replay with a seed.
+`contrastive`: N distinct score buckets (ln speedup, width `bucket_width`) drawn with
+P ∝ exp((bucket mean − overall mean) / τ), one candidate from each; `random`: N distinct candidates. Best
+first; every draw uses the caller's `random.Random`.
+Rationale: docs/design/search.md#exemplars
 """
 from __future__ import annotations
 
@@ -76,7 +67,7 @@ def bucket_probabilities(groups: dict[int, list[Exemplar]], *, tau: float = 1.0,
 
 def contrastive(items: list[Exemplar], rng: random.Random, *, n: int = 2, tau: float = 1.0,
                 bucket_width: float = 0.1, score: str = "log") -> list[Exemplar]:
-    """N exemplars from N distinct score buckets (see module docstring), best first."""
+    """N exemplars from N distinct score buckets (see docs/design/search.md#exemplars), best first."""
     groups = buckets(items, bucket_width=bucket_width, score=score)
     chosen: list[int] = []
     for _ in range(min(n, len(groups))):

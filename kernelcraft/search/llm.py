@@ -1,30 +1,10 @@
 """LLM policies: `openai:MODEL` (any OpenAI-compatible chat endpoint) and `hf:PATH` (local transformers).
 
-Design decisions
-- Both share one flow: per proposal, a fresh contrastive exemplar draw -> `prompt.build_prompt` ->
-  a completion -> `reply.parse_reply`. Every proposal keeps its prompt, raw reply and token usage, so
-  the run database can show exactly what the model saw and said, parse errors included.
-- `openai` uses the official SDK's `AsyncOpenAI` (optional extra `llm`): the k requests of a round are
-  in flight together (bounded by `concurrency`). Retries are ours, not the SDK's (its own are turned
-  off), so they are visible and bounded: connection errors, timeouts, 429 and 5xx are retried with
-  exponential backoff and jitter; a request that still fails becomes a recorded `llm_error` proposal.
-  Configuration errors (401/403, unknown model) stop the run with a `PolicyError`, and so does a round
-  in which every request failed (the endpoint is down: no point burning the budget). A refused or failed
-  connection is retried only `connect_retries` times (default 2, ~1.5 s): an endpoint that is not there
-  does not start answering with backoff, and waiting ~20 s to say so was the old behaviour. Every error
-  names the URL it tried.
-- `preflight()` (called by the loop before anything else runs): one TCP connection to the endpoint's host
-  and port (5 s at most), so a wrong `--base-url` or a server that is down stops the run at once with the
-  URL, before the null control. Skipped behind an HTTP(S) proxy, which only the SDK knows how to use.
-- Endpoint and key: flags, else `OPENAI_BASE_URL` / `OPENAI_API_KEY`. A local server without auth
-  (vLLM, llama.cpp) needs only a base URL; the key then defaults to "EMPTY".
-- `hf` loads a causal LM from a local directory with transformers (optional import, extra `hf`),
-  applies the tokenizer's chat template when it has one, and samples k replies, seeded from the run's
-  RNG so a rerun with the same seed asks the same things.
-- Concurrent optimize runs (`kernelcraft bench --task-jobs`) may share one policy. `openai` is
-  `thread_safe`: its settings are read-only after construction and every `propose` makes its own client
-  and event loop. `hf` is not (a lazily loaded model and tokenizer, generation seeded through torch's
-  global RNG): the bench lets one of its `propose` calls run at a time.
+Per proposal: a fresh exemplar draw, `prompt.build_prompt`, a completion, `reply.parse_reply`; the prompt,
+reply and usage are kept. `openai` retries transient errors itself (bounded, with backoff), records a request
+that still fails as `llm_error`, and raises `PolicyError` for configuration errors or a round where every
+request failed; `preflight` checks the endpoint answers. `openai` is `thread_safe`, `hf` is not.
+Rationale: docs/design/search.md#llm
 """
 from __future__ import annotations
 
@@ -77,7 +57,7 @@ def _proposal(prompt: Prompt, parents: list, reply: str | None, usage: dict, err
 
 class OpenAIPolicy:
     name = "openai"
-    thread_safe = True  # see the module docstring
+    thread_safe = True  # see docs/design/search.md#llm
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
                  temperature: float = 0.7, max_tokens: int = 8192, concurrency: int | None = None,
@@ -104,7 +84,7 @@ class OpenAIPolicy:
         return (self.base_url or "https://api.openai.com/v1").rstrip("/") + "/chat/completions"
 
     def preflight(self) -> None:
-        """Fail now, naming the URL, when nothing listens at the endpoint (module docstring)."""
+        """Fail now, naming the URL, when nothing listens at the endpoint (docs/design/search.md#llm)."""
         import socket
         from urllib.parse import urlsplit
 

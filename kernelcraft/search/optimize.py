@@ -1,49 +1,12 @@
 """The optimisation loop: propose (policy) -> record (run database) -> evaluate (workers) -> repeat.
 
-Design decisions
-- Every state change goes to the run database first (`rundb`): proposals are stored as `queued`
-  before any evaluation starts, each verdict is committed as it arrives, and a resumed run (same
-  `--out`) re-queues what was in flight and continues. The budget counts candidates in the run, across
-  invocations, so re-running a finished command is a no-op that reprints the result.
-- Evaluations go through `kernelcraft.evaluate.evaluate`, one worker process each, `jobs` at a time.
-  With more than one job the device lock covers each worker's whole device phase (construction,
-  checks, compiles and autotuning they trigger, timing: `lock_scope="device"`), so one candidate's
-  checks never run beside another's timing; start-up and imports still overlap. On a CPU the default is one job at a
-  time below 8 cores: a compile running beside a timed candidate would be timed too. A text whose verdict
-  the caller already has (`Options.known_verdicts`: a bench's baselines) is not measured again when that verdict
-  was judged under this run's protocol on this device kind (`search.shared`); it is stored marked `shared`.
-- A null control runs first (once per run): the reference itself as a candidate (`class ModelNew(Model)`).
-  It is never a candidate and never a result; its measured "speedup" is the harness's bias and noise
-  floor for this task on this machine (ideally 1.0; a timing path that favours the candidate shows
-  here). When the control's 95% CI excludes 1 (a real bias, not noise), the bar a candidate must clear
-  is max(`min_speedup`, the control's speedup); otherwise it is `min_speedup`.
-- "Best" is honest: the highest speedup among candidates that are `correct` *and* verified faster
-  (95% CI lower bound above the bar). The leaders (top `confirm`, default 2) are
-  re-evaluated in a fresh worker with new inputs, another seed and twice the timing budget, and the
-  confirmed numbers decide and are reported (the best of many noisy measurements is biased upwards;
-  a re-measurement is not). A leader whose own 95% interval lies wholly below the number a leader before it
-  confirmed is not re-measured: it would not be the best, and a bench pays each confirmation in device time
-  (issue 20: confirmations sized to what the statistics need). `OUT/best.py` is written only for such a
-  candidate, byte-identical to what was verified; otherwise there is no best.py and the status says why. The
-  reference itself is never passed off as an optimisation. best.py is a drop-in for a user's trained model:
-  the judge never calls a candidate `correct` whose state_dict cannot take the reference's (`weights_mismatch`),
-  every correct candidate has passed its trial with new weights loaded, and a `correct` verdict with
-  `weights.matched` False (a reference holding only constant buffers, or a stored verdict from a judge without
-  that rule) is never a leader (`drop_in`).
-- The run's `Protocol` (resolved for its device) is pinned in the database: a resume under other rules
-  is refused rather than mixing their numbers in one leaderboard. Search settings may change on resume.
-- Stops on: budget (candidates), wall-time limit, `patience` rounds without a >1% improvement of the
-  best verified speedup, or a policy with nothing new left to propose. `Result.stopped` is the code,
-  `stopped_detail` says it in words (for `exhausted`, the policy's own `exhausted(context)` when it has
-  one: a run that stops at 5 of 8 candidates says why).
-- Time: `wall_s` is this invocation's; `wall_s_total` and `invocations` cover every invocation of the
-  run, killed ones included (`rundb.invocations`, from the event log and the rows' timestamps).
-- Progress is reported through a callback (`on_event(kind, **data)`); the library prints nothing.
-- A caller running optimisations in threads stops one with `cancel` (a `threading.Event`, as
-  `kernelcraft bench --task-jobs` does on Ctrl-C or a failed task): checked before every proposal round
-  and around every evaluation. A verdict that arrives after it was set is dropped, not recorded (the
-  caller may have killed that worker), and `Cancelled` is raised; the candidate stays in flight in the
-  database, so the next resume re-queues it, as after a kill.
+Every proposal is stored before it is evaluated and every verdict as it arrives, so a run resumes (same
+`--out`) where it stopped; the budget counts candidates across invocations. A null control sets the bar.
+`OUT/best.py` is written only for a candidate that is correct, verified faster (95% CI lower bound above the
+bar), a drop-in for the reference's weights and, unless `confirm` is 0, confirmed by a re-measurement in a
+fresh worker; it is byte-identical to what was verified. The run's protocol is pinned in the database. The
+library prints nothing (`on_event`); `cancel` stops a run, dropping verdicts that arrive after it.
+Rationale: docs/design/search.md#optimize
 """
 from __future__ import annotations
 
@@ -73,8 +36,8 @@ from kernelcraft.search.techniques import techniques
 def drop_in(verdict: dict | None) -> bool:
     """Would the reference's state_dict() load into this candidate? False only when the judge found it would not
     (`weights.matched` False: a `correct` verdict says so only where the reference holds nothing but constant
-    buffers, or where a judge without the `weights_mismatch` rule stored it); records from before the weights
-    check say nothing and count as drop-ins."""
+    buffers, or where a judge that did not apply the `weights_mismatch` rule stored it); records without a
+    `weights` field say nothing and count as drop-ins."""
     return ((verdict or {}).get("weights") or {}).get("matched") is not False
 
 
@@ -83,7 +46,7 @@ class RunInUse(RuntimeError):
 
 
 class Cancelled(RuntimeError):
-    """The caller set `cancel`: the run stopped; a resume re-queues what was in flight (module docstring)."""
+    """The caller set `cancel`: the run stopped; a resume re-queues what was in flight (docs/design/search.md#optimize)."""
 
 
 @dataclass
@@ -297,7 +260,7 @@ class _Run:
         return ci_low is not None and ci_low > self.bar
 
     def _null_control(self) -> None:
-        """Time the reference against itself once per run; its speedup raises the bar (module docstring)."""
+        """Time the reference against itself once per run; its speedup raises the bar (docs/design/search.md#optimize)."""
         rec = self.db.get_meta("null_control")
         if rec is None and self.opts.null_control:
             self.emit("control_start")

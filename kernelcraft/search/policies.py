@@ -1,24 +1,11 @@
 """Policies: what proposes the next candidates. One small interface, a registry of implementations.
 
-Design decisions
-- `Policy.propose(context) -> list[Proposal]`: a proposal is candidate source plus its provenance
-  (parents, the recipe or prompt/reply, token usage). A proposal without usable code carries the
-  reason instead and is recorded as `parse_error`; the loop never sees exceptions for bad replies.
-- The context gives a policy everything the loop knows and nothing it could break: the task source,
-  the device description, the full history (read-only rows), recent failures, and `sample_exemplars()`,
-  a fresh contrastive draw on every call (each LLM request, each recipe mutation gets its own pair).
-- Specs are strings, as on the command line: `recipes`, `openai:MODEL`, `hf:PATH`. Implementations are
-  imported lazily, so `openai`/`transformers` are needed only by users who pick those policies;
-  `register_policy` lets a plugin add its own prefix.
-- `PolicyError` is for configuration problems (no API key, unknown model, missing package): the run
-  stops with that message. Transient failures (timeouts, 5xx) are the policy's to retry.
-- A policy that may be called from several threads at once (one object shared by concurrent optimize runs
-  in `kernelcraft bench`) says so with a class attribute `thread_safe = True`; callers serialise
-  `propose` for any other (plugins included), so a policy never has to be thread-safe to be correct.
-- Two optional hooks, so a run says what happened in the user's terms: `exhausted(context) -> str` explains
-  why `propose` returned nothing (the run stops as `exhausted`: "every valid combination of these 3 recipes
-  was tried"), and `preflight()` checks what the policy depends on (an endpoint answers) before the run
-  spends anything, raising `PolicyError` at once with what it tried.
+`Policy.propose(context) -> list[Proposal]`; a proposal without usable code carries its reason (recorded as
+`parse_error`), never an exception. Specs are strings (`recipes`, `openai:MODEL`, `hf:PATH`, registered
+prefixes), implementations imported lazily. `PolicyError` stops a run (configuration problems). A policy
+without `thread_safe = True` is never called from two threads at once. Optional hooks: `exhausted(context)`,
+`preflight()`.
+Rationale: docs/design/search.md#policies
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """The optimisation prompt: reference, device, scored exemplars, recent failures, rules and protocol.
 
-Design decisions
-- The words live in template files under `kernelcraft/search/prompts/` (`string.Template`, `$name`
-  placeholders): editing the prompt never means editing code. Substituted values are inserted
-  verbatim, so code containing `$` is safe.
-- The device is described from the caller's own torch queries (name, SM count, memory, capability);
-  nothing of a candidate runs here.
-- Exemplars are shown best first with their measured speedups, so the model can contrast them (the
-  "Performance Analysis" section asks why the faster ones are faster). Failures carry the harness's
-  message (compiler errors, mismatch details) trimmed to a length a model can use.
-- `build_prompt` is pure: same inputs, same text (tests compare prompts; replays reproduce them).
+The words live in `kernelcraft/search/prompts/` (`string.Template`; values inserted verbatim). Nothing of a
+candidate runs here. `build_prompt` is pure: same inputs, same text.
+Rationale: docs/design/search.md#prompt
 """
 from __future__ import annotations
 

@@ -1,20 +1,9 @@
 """Reply parsing: from an LLM's reply to candidate source (or a recorded `parse_error`).
 
-Design decisions
-- Fenced code blocks are found with CommonMark's rules, line by line: a fence is 3+ backticks or
-  tildes, indented at most 3 spaces, closed only by a fence of the same character at least as long.
-  So a reply that wraps code in ```` fences (because the code itself contains ```) parses correctly,
-  and a fence opened and never closed is recognised as a truncated reply.
-- The candidate is the *last* closed block (language python/py/unlabelled) that parses and defines
-  `ModelNew` at top level (checked with `ast`, as the evaluator does; nothing is executed). Usage
-  examples or test snippets after the implementation are skipped; `ModelNew` mentioned only in a
-  comment, a string or a nested scope does not count.
-- A reply that is nothing but Python defining `ModelNew` (no fences) is accepted as is.
-- Everything else is a `parse_error` with a specific reason the next prompt can quote: no code block,
-  truncated code block, no `ModelNew`, or a syntax error (with its line). The reply is always kept by the
-  caller.
-- The three protocol sections (Performance Analysis, Algorithm Design, Code Implementation) are
-  extracted when present, for the record and the report; their absence is not an error.
+Fences follow CommonMark; the candidate is the last closed Python block that parses and defines `ModelNew` at
+top level (checked with `ast`, nothing executed), or a fenceless reply that is such Python. Anything else is a
+`parse_error` with a specific reason.
+Rationale: docs/design/search.md#reply
 """
 from __future__ import annotations
 

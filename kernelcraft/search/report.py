@@ -1,25 +1,9 @@
 """The run report: one self-contained HTML page from a run directory's database.
 
-Design decisions
-- No dependencies and no network: the plot is SVG generated here, styles are inline, there is no
-  JavaScript. The page opens from disk, in a mail attachment or a CI artifact, and renders the same in
-  any browser (a test renders it in headless Chromium).
-- Contents: the outcome (status, confirmed best speedup with its CI, budget used), speedup over
-  candidates (log scale, every candidate in order, failures on a separate band, the running best
-  verified speedup as a step line, hover titles), the leaderboard with verdicts, the best candidate's
-  diff against the reference, its techniques, technique statistics over all correct candidates, and
-  the recent failures with their messages.
-- Everything shown comes from the database, so a report can be made for a run in progress or one
-  that was killed; text from candidates and replies is always HTML-escaped.
-- One number per candidate, everywhere (`_Standing`): the headline, the leaderboard's order and the plot's
-  "best so far" line all use the confirmed speedup (the re-timing in a fresh worker) where the run
-  confirms, and say "unconfirmed" where a number is only the search's own measurement. The search's
-  maximum is biased upwards, so ranking by it put a 2.49x on top of a report whose headline was a
-  confirmed 1.63x. The terms (correct, verified, confirmed) are defined on the page.
-- The diff compares like with like: the task's `get_inputs`/`get_init_inputs` are left out of the
-  reference's side when the candidate does not define them (inputs always come from the task, so a
-  candidate never carries them; showing them as deleted said something untrue).
-- The header's time is the run's, over every invocation (`rundb.invocations`), not only the last.
+No dependencies, no network, no JavaScript; everything shown comes from the database (a running or killed run
+has a report too) and text from candidates and replies is HTML-escaped. One number per candidate everywhere
+(`_Standing`): the confirmed speedup where the run confirms, else marked "unconfirmed".
+Rationale: docs/design/search.md#report
 """
 from __future__ import annotations
 
@@ -89,7 +73,7 @@ def log_grid(out: list, lo: float, hi: float, y, L: int, right: int) -> None:
 
 
 class _Standing:
-    """Where each candidate stands, in one place, so every part of the page agrees (module docstring)."""
+    """Where each candidate stands, in one place, so every part of the page agrees (docs/design/search.md#report)."""
 
     def __init__(self, rows, conf: dict, bar: float, summary: dict):
         self.conf, self.bar = conf, bar
@@ -208,7 +192,7 @@ HARNESS_FUNCTIONS = ("get_inputs", "get_init_inputs")
 
 
 def _comparable_reference(reference: str, source: str) -> tuple[str, list[str]]:
-    """The reference without the task's input functions the candidate does not define (module docstring)."""
+    """The reference without the task's input functions the candidate does not define (docs/design/search.md#report)."""
     try:
         ref_tree, cand_tree = ast.parse(reference), ast.parse(source)
     except SyntaxError:

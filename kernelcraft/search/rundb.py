@@ -1,23 +1,9 @@
 """The run database: one SQLite file per run directory holding every candidate and what became of it.
 
-Design decisions
-- stdlib `sqlite3` in WAL mode, one transaction per state change (insert, claim, verdict). A kill -9 at
-  any moment loses only evaluations that were in flight: their rows say `in_flight`, and
-  `requeue_in_flight()` (called when a run resumes) puts them back in the queue. Proposals are inserted
-  as `queued` *before* any evaluation starts, so a proposal (and an LLM's reply, which cost money) is
-  never lost either.
-- Identity is the normalised source (`candidate.normalized_hash`: an AST round-trip, so comments and
-  formatting do not count). The column is UNIQUE: a duplicate proposal is never stored or evaluated
-  twice; its `duplicates` counter goes up instead. Replies without usable code (`parse_error`) are rows
-  too, with no source and the reply kept.
-- `attempts` counts evaluation starts and `evals_done` completed evaluations; a resumed run can prove
-  that nothing was evaluated twice to completion.
-- Confirmation re-timings of the leaders live in their own table: a candidate keeps the verdict that
-  ranked it, and the confirmation is the number that gets reported.
-- One connection shared by the loop's threads behind a lock (SQLite serialises writers anyway).
-- How long a run took over all its invocations is read back from what is stored (`invocations`): each
-  `start` event opens one, and it lasted until the last thing it wrote — so a killed invocation counts
-  up to its last verdict without having written anything on the way out.
+One transaction per state change (WAL): a kill loses only in-flight evaluations, which `requeue_in_flight`
+puts back. Candidates are unique by normalised source; parse errors are rows too; confirmations have their own
+table; `invocations` reads each invocation's span back from what is stored.
+Rationale: docs/design/search.md#rundb
 """
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """Verdicts measured before a run, for exactly the texts it proposes (a bench's baselines): when one may stand in
 for a new evaluation.
 
-Design decisions
-- The recipes policy's first round proposes `compile:default` and `cudagraph`, the very texts a bench has just
-  judged as its baselines. Measuring them twice changes nothing but the wall time (issue 20), so a run may be
-  handed such verdicts (`optimize.Options.known_verdicts`, candidate sha256 -> verdict record).
-- One stands in only when it is what the run would have measured: the same text (its sha256), the same protocol
-  as the run's first evaluations (seed and timing budget included; the run clocks `timeout_s` and
-  `build_timeout_s` may differ, since compile baselines get a longer one), the same device kind (the GPU's name,
-  or a CPU for a CPU), and not a timeout (the moment's, not the candidate's). Anything else is measured.
-- It is stored as given, marked `shared`; confirmations of leaders and the bench's judgement of best.py are
-  always measured afresh, so no reported number rests on it alone.
+Only for the same text, the same protocol as the run's first evaluations (the clocks `timeout_s` and
+`build_timeout_s` aside), the same device kind, and not a timeout; it is stored marked `shared`.
+Confirmations and the bench's judgement of best.py are always measured afresh.
+Rationale: docs/design/search.md#shared
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Techniques: a short list of what a candidate does (fusion, CUDA graphs, algebraic rewrite, ...).
 
-Design decisions
-- Recipes know exactly what they did: their tokens map to technique names. LLM-written code is
-  classified statically from its source (never executed): `load_inline` -> custom CUDA kernel,
-  `@triton.jit` -> Triton kernel, and so on. Static detection can only say what the code *uses*; the
-  report labels it that way.
-- The names are stable strings; the prompt, the progress display and the report all use these.
+Recipes map their tokens to technique names; other code is classified statically from its source, never
+executed (what it *uses*). The names are stable strings shared by the prompt, the progress display and the
+report.
+Rationale: docs/design/search.md#techniques
 """
 from __future__ import annotations
 

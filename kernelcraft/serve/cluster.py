@@ -1,24 +1,9 @@
 """The Ray backend: the local scheduler's slots, backed by Ray actors on many GPUs and hosts.
 
-Design decisions
-- Same scheduler, different slots. `RayBackend` plugs into `serve.pool.Pool`: each build slot is a CPU actor
-  (`num_cpus=1`) that runs `evaluate.prebuild`, each timing slot a GPU actor (`num_gpus=1`, or a CPU actor
-  for `devices="cpu"`) that runs `evaluate`. Queueing, deadlines, stats and the verdicts themselves are
-  exactly the local pool's; the actors only move the call to another process/host. Inside an actor the
-  candidate still runs in its own fresh worker process (and its own sandbox), never in the actor.
-- Resilience is Ray's: actors are created with `max_restarts=-1` (a dead actor is restarted, on another
-  node if its node is gone) and `max_task_retries=1` (the call it was running is retried once). A call
-  that fails again becomes a `runtime_error/harness_error` verdict via the pool; a call that hangs is
-  settled by the pool's watchdog, which kills that actor and starts a replacement.
-- Tasks and candidates travel as text (`Task`/`Candidate` objects), verdicts come back as JSON records,
-  so nothing depends on a shared filesystem. The build cache does: give all nodes the same `cache_dir`
-  on a shared filesystem (the cache is flock-safe across hosts) so a build made on one node is found by
-  the timing actor on another; without one, a timing actor rebuilds what it does not find (correct,
-  slower).
-- The build arch comes from the timing actors (`arch_of` their GPU); a cluster of mixed GPU
-  generations builds for the first one found, and the others rebuild in their timing slot.
-- Ray is an optional extra (`pip install kernelcraft[ray]`): this module imports `ray` only when a
-  backend is made, so the service can import it without the extra.
+The pool, its queueing and its verdicts are unchanged; actors only move the call to another process or host,
+where the candidate still runs in its own fresh worker. Tasks, candidates and verdicts travel as values; only
+the build cache benefits from a shared filesystem. `ray` is imported only when a backend is made.
+Rationale: docs/design/serve.md#cluster
 """
 from __future__ import annotations
 

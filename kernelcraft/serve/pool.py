@@ -1,33 +1,10 @@
 """The local scheduler: CPU build slots feed device timing slots; results stream in completion order.
 
-Design decisions
-- Two stages, two kinds of slot. A *build slot* (default: one per core) runs `evaluate.prebuild` for
-  candidates that call `load_inline`/`load`, compiling into the shared content-addressed build cache; a
-  *timing slot* (default: one per visible GPU, or `per_device` CPU slots) runs `evaluate` on a candidate
-  whose build is already cached. GPUs never wait on nvcc. Candidates without extensions (PyTorch,
-  Triton) skip the build stage; so do candidates the static screen rejects (nothing of theirs may run).
-- Every evaluation is still one fresh worker process (`runner`), and timing stays serialised per device
-  by the worker's flock. A slot is only a thread that waits on a worker; a worker that crashes or hits
-  a CUDA fault has already become a verdict by the time the slot sees it, and the next evaluation gets
-  a fresh process, so there is nothing to "replace" at the process level.
-- `per_device` > 1 overlaps one evaluation's worker start-up (fork or interpreter, CUDA context) with
-  another's GPU work. Only safe when the worker's device lock covers construction and checks as well
-  as timing (`evaluate(..., lock_scope="device")`): then the pool passes it and defaults to `gpu_slots`
-  per GPU (2-4 by cores with forked workers, whose start-up takes ~0.7 s against ~1 s on the GPU; 2-12
-  with spawned ones, ~10 s). A pool of one slot per device leaves the lock on timing only.
-- One `Protocol` per pool (its constructor's `protocol=` and knob keywords), overridable per submission;
-  it is validated in `submit`, so a bad knob is the submitter's error and never a verdict.
-- Nothing is lost. Every submission returns a `Future[Verdict]` that is always resolved: a slot that
-  raises resolves it with `runtime_error/harness_error`; a watchdog resolves an evaluation that outlives
-  its stage deadline (the runner's own limits plus a margin) with `timeout/[timeout, harness_error]`,
-  retires the stuck slot and starts a replacement, so capacity is not lost either. `close(cancel=True)`
-  resolves whatever is still queued.
-- A successful prebuild leaves a marker `<cache>/prebuilt/<candidate sha>-<arch>-<torch>`: the same
-  candidate text later skips the build stage entirely (a cache hit costs no worker start). A
-  `compile_error` from the build stage is remembered the same way (compiler errors are deterministic).
-  If the build directory was deleted since, the evaluation simply rebuilds in its timing slot.
-- Backends are pluggable: a slot is made by a factory, so `cluster.py` runs the very same scheduler
-  with Ray actors behind the slots. Verdicts come from the same `evaluate`/`prebuild` either way.
+Build slots prebuild inline extensions into the shared cache, timing slots run `evaluate`; each evaluation is
+one fresh worker process. With more than one slot per device the worker's device lock covers its whole device
+phase. Every submission's `Future[Verdict]` is always resolved (a watchdog settles stuck evaluations and
+replaces their slots); bad protocol knobs raise in `submit`. Slots come from a pluggable backend (`cluster`).
+Rationale: docs/design/serve.md#pool
 """
 from __future__ import annotations
 
@@ -121,9 +98,10 @@ class Pool:
     """Build slots + timing slots behind one queue. Thread-safe; use as a context manager.
 
     `devices`: "cpu", "cuda", a list like ["cuda:0", "cuda:1"], or None (all visible GPUs, else cpu).
-    `per_device`: timing slots per device (default 1: a GPU is exclusive while an evaluation runs; on
-    cpu, 2). `build_workers`: build slots (default: os.cpu_count()). `protocol` and knob keywords (e.g.
-    trials=3, timing=False) are the protocol of every submission unless it overrides them.
+    `per_device`: timing slots per device (default `gpu_slots` per GPU, the device lock then covering each
+    worker's whole device phase; on cpu, 2). `build_workers`: build slots (default: os.cpu_count()).
+    `protocol` and knob keywords (e.g. trials=3, timing=False) are the protocol of every submission unless it
+    overrides them.
     """
 
     def __init__(self, devices=None, *, per_device: int | None = None, build_workers: int | None = None,

@@ -1,21 +1,10 @@
 """The reward service: `kernelcraft serve`, an HTTP front for the pool (FastAPI + uvicorn, extra `serve`).
 
-Design decisions
-- The service executes code it is sent, so it is locked down by default: every `/v1/*` route except
-  `/v1/health` needs `Authorization: Bearer $KERNELCRAFT_API_KEY` (compared in constant time), it refuses
-  to start without a key unless told `--insecure-no-auth` *and* bound to a loopback address, it binds to
-  127.0.0.1 unless told otherwise, and `kernelcraft serve` turns the worker sandbox on (`auto`: bwrap
-  where available). Auth and the body-size limit are one ASGI middleware in front of everything, so an
-  unauthenticated client cannot make the server read or parse a large body (401 before 413/422).
-- Requests are validated by pydantic with `extra="forbid"`: an unknown option is a 422 naming it, never
-  silently ignored. Options that weaken the judge (`screen`, `runtime_guards`, `keep_workdir`,
-  `cache_dir`) are not accepted over HTTP at all. A task is source text or a built-in name, never a
-  server path; a candidate is always source text.
-- Evaluation is blocking and heavy: handlers submit to the pool (a thread pool of build and timing slots,
-  each evaluation in its own worker process) and await the futures; the event loop only parses and
-  waits. A batch is submitted whole, so its items run in parallel across slots, and returns in order.
-- Every accepted request ends in a verdict record, including candidates that kill their worker; 4xx is
-  only for requests that are malformed, unauthenticated, too large, or name an unknown task/device.
+Every `/v1/*` route but `/v1/health` needs the bearer key; without a key it starts only with
+`--insecure-no-auth` on a loopback address. Auth and the body limit run before anything reads the body.
+Requests are validated strictly (unknown options are a 422; options that weaken the judge are not accepted).
+Every accepted request ends in a verdict record; 4xx only for malformed, unauthenticated, oversized or unknown.
+Rationale: docs/design/serve.md#service
 """
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Composite activations written out by hand, recognised and replaced by the one PyTorch op: x*sigmoid(x) ->
 silu(x), x*tanh(softplus(x)) -> mish(x), x*clamp((x+3)/6, 0, 1) -> hardswish(x).
 
-Design decisions
-- Same contract as `simplify` (rule `fuse_activation`): one kernel instead of two to four in eager mode
-  (torch.compile fuses them anyway: the gain is for the eager and CUDA-graph recipes). The formulas are
-  equal in real arithmetic; PyTorch's fused ops round differently by a few ulps.
-- The gate (sigmoid(x), tanh(softplus(x)), the clamp chain) must have no other reader, and its input must
-  be the very node it multiplies: `y * sigmoid(z)` with y != z is left alone. softplus only with its
-  defaults (beta 1, threshold 20: what mish uses).
+Rule `fuse_activation`, same contract as `simplify`. The gate must have no other reader and take the very
+node it multiplies; softplus only with its defaults.
+Rationale: docs/design/search.md#activations
 """
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
 """The rule `conv_reduce`: a sum or mean over every output position of a convolution, without the convolution.
 
-Design decisions
-- For y = conv(x; W, b) (or a transposed convolution), sum_p y[n, c, p] = sum_{c', k} W[c, c', k] T[n, c', k] +
-  P * b[c], where T[n, c', k] sums the input positions that kernel tap k ever meets and P counts the output
-  positions. The positions factor per spatial dim: a 0/1 matrix M_j[tap, position] per dim (which input rows
-  tap k_j reads for some output row, from stride, padding, dilation and, transposed, output padding), so
-  T = x contracted with M_1 .. M_d (about k times the input's size in work), and the rest is a GEMV-sized
-  product with W. Exact in real arithmetic; a global average pool after a convolution (KernelBench level 2's
-  ConvTranspose2d_Multiply_GlobalAvgPool_*) no longer runs the convolution: ~C_out * k^d times less work.
-- The generated candidate must stand alone, so the arithmetic is one helper, `_kc_conv_reduce`, whose source
-  travels with the rewritten forward (`_kc_source`, bound in its prelude by `rewrite.render_graph`). It reads
-  every size from its arguments at run time (x's spatial sizes, W's kernel) and the weights at every call, so
-  the perturbed-weights check sees a model that reads its weights.
-- Matched: nn.Conv{1,2,3}d and nn.ConvTranspose{1,2,3}d with groups 1, zero padding given as numbers, called on
-  a batched input alone, whose output only a sum or mean over exactly its spatial dims reads (mean over
-  [2, 3], keepdim or not; adaptive average pools to size 1). Scalar affine ops in between are moved past the
-  mean first by `sink_pointwise`, which runs before this rule.
+Exact in real arithmetic: the input is summed per kernel tap, then contracted with the weights. The helper
+`_kc_conv_reduce` travels with the candidate (`_kc_source`) and reads every size and the weights at run time.
+Rationale: docs/design/search.md#convreduce
 """
 
 from __future__ import annotations
@@ -82,7 +69,7 @@ def _helper():
 
 
 def _conv(gm, n):
-    """(module, transposed) for a matched convolution node (module docstring), else None."""
+    """(module, transposed) for a matched convolution node (docs/design/search.md#convreduce), else None."""
     mod = _module(gm, n)
     kind = _conv_kind(mod) if mod is not None else None
     if kind is None or len(n.args) != 1 or n.kwargs:

@@ -1,22 +1,9 @@
 """FX rewrite rules: algebraic simplifications of a traced reference graph (used by `rewrite`).
 
-Design decisions
-- Each rule mutates a shape-propagated `torch.fx.GraphModule` in place and returns True when it changed
-  something; `rewrite` decides which rules apply (those that change this graph) and renders the result.
-- Every rule is exact up to floating-point reassociation, and conservative where it cannot prove
-  safety: shapes and dtypes come from `ShapeProp` on the meta device, and a rule that needs them does
-  nothing when they are unknown. `dead_code` refuses graphs with random or in-place ops (removing or
-  merging them would change results); `inplace` only overwrites fresh, single-use intermediates of an
-  allow-listed op (never an input, a parameter, or a view of either).
-- Rules: `diag_matmul` diag(d) @ B -> d[:, None] * B (and B @ diag(d), diag_embed); `reduce_linear` a sum
-  or mean over the output features of a linear map (nn.Linear, x @ W, x @ W.T) -> a GEMV with the summed
-  weight; `fold_scalars`
-  chains of scalar * / + / - / ÷ -> one multiply-add; `dead_code` common-subexpression elimination and
-  removal of unused results; `inplace` elementwise ops on fresh intermediates done in place.
-  Inference-only, like the harness (in-place ops can break autograd).
-- More rules (identities, clamp chains, size-1 reductions, sinking pointwise ops, composite activations)
-  live in `simplify`, `reductions` and `activations`; `rewrite.RULE_ORDER` runs those first, so that they
-  expose work for these.
+Each rule mutates a shape-propagated `torch.fx.GraphModule` in place and returns True when it changed
+something. Exact up to floating-point reassociation; a rule that needs shapes does nothing without them.
+Rules: `diag_matmul`, `reduce_linear`, `fold_scalars`, `dead_code`, `inplace`.
+Rationale: docs/design/search.md#fxrules
 """
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
 """The rule `pool_linear`: an average pool over a linear map's output features pools the weights instead.
 
-Design decisions
-- avg_pool1d(k) of y = x @ W^T + b, over y's last dim (its output features) with windows that tile it (stride = k,
-  no padding, floor mode), is x @ Wp^T + bp, where row j of Wp is the mean of W's rows jk .. jk+k-1 and bp the
-  same of b: exact in real arithmetic (a mean of affine functions of x is the affine function of the means).
-  The GEMM shrinks k times (KernelBench level 2's Matmul_AvgPool_*: 16 times); `reduce_linear` is the same idea
-  for a sum or mean over all the features.
-- The weights are pooled at every call (one contiguous pass over W: its rows `unflatten`ed into groups of k and
-  averaged; `avg_pool1d` over W^T was 40 times slower on a CPU, 602 ms against 16 ms for an 8192 x 8192 W),
-  never folded at construction: the judge's perturbed-weights check still sees a model that reads its weights,
-  and the state_dict is the reference's. Floor mode's dropped tail features are dropped by slicing W's rows to
-  `W.size(0) // k * k`, read at run time: no size is written into the output.
-- Matches the linear maps `reduce_linear` knows (nn.Linear, x @ W and x @ W.T with W a parameter or buffer), and
-  the pool directly on y or on y.unsqueeze(d) for a d that keeps the features last (the `x.unsqueeze(1)` of
-  KernelBench's tasks); y and that view must have no other reader.
+Exact in real arithmetic; the weights are pooled at every call (never folded at construction) and sizes are
+read at run time, so the state_dict is the reference's and the perturbed-weights check still holds.
+Rationale: docs/design/search.md#poollinear
 """
 from __future__ import annotations
 

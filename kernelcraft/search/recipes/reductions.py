@@ -1,23 +1,9 @@
 """Rules about reductions and pools: reductions over size-1 dims, pointwise ops moved past the reductions/pools
 that shrink their input, consecutive pools merged.
 
-Design decisions
-- Same contract and exactness as `simplify` (whose helpers this uses): generic FX rewrites, exact in real
-  arithmetic, differing from the reference only by fp32 rounding; sizes come from `ShapeProp` and nothing
-  shape-specific is written into the output.
-- Rules:
-  `size1_reduce`: sum/mean/amax/amin/prod/logsumexp and max/min values over dims of size 1 -> the input
-  (or its squeeze): logsumexp of one element is that element exactly, so is a mean or a max.
-  `sink_pointwise`: a scalar affine op before a reduction or pool moves after it (mean/avg-pool: s*y+t;
-  sum: s*y; max/min/max-pool: s > 0; logsumexp: +t; softmax/log_softmax: +t is dropped), a monotone
-  non-decreasing activation before a max-type pool moves after it (an in-place one only when it writes a
-  fresh tensor nothing else reads: the VGG-style conv -> ReLU(inplace) -> max pool), and mean(y -/+ p) for a parameter p
-  that varies only along the reduced dims becomes mean(y) -/+ p.mean(). This also exposes
-  `reduce_linear` (sum(x @ W^T / 2) -> sum(x @ W^T) / 2 -> a GEMV).
-  `pool_merge`: two max pools, or two average pools, of the same rank whose windows tile their inputs
-  (stride = kernel, no padding, dilation 1, floor mode) -> one pool with the product kernel.
-- Moves that shrink nothing are not made (a pointwise op after a pool touches fewer elements; before a
-  same-size op it gains nothing), and a reduction whose indices are read is left alone.
+Same contract and exactness as `simplify`. Rules: `size1_reduce`, `sink_pointwise`, `pool_merge`; a move that
+shrinks nothing is not made, and a reduction whose indices are read is left alone.
+Rationale: docs/design/search.md#reductions
 """
 from __future__ import annotations
 

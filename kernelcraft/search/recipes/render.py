@@ -1,21 +1,9 @@
 """Source generation for recipes: a recipe (a set of technique tokens) + the reference -> `ModelNew` source.
 
-Design decisions
-- The candidate is standalone, readable Python: the reference file is embedded unchanged (minus
-  `get_inputs`/`get_init_inputs`) and `ModelNew` subclasses its `Model`, so parameters and buffers are
-  created by the same code in the same order and the worker's seeding gives identical weights. The
-  subclass keeps the reference's constructor and forward signatures (positional names, defaults).
-- Layers compose from the inside out: the body (the reference forward, or an FX-rewritten forward from
-  `rewrite`, optionally with Triton-fused elementwise regions) -> `torch.compile` and/or CUDA-graph replay
-  (both: the compiled function is captured, after its warm-up calls compiled it, and replayed as one
-  graph; only for compile modes that do not capture graphs themselves) -> memory format / backend flags /
-  autocast around the call.
-- Backend flags a recipe changes (`cudnn.benchmark`, TF32) are set for the duration of the call and
-  restored in `finally`: the candidate never leaves process-wide state changed behind it.
-- The manual CUDA graph copies fresh inputs into static buffers, replays, and returns a *clone* of the
-  static output: a graph replay overwrites its output in place, and a caller that keeps an earlier
-  result must never see it change. `reduce-overhead` (torch's CUDA-graph trees) marks each call a new
-  step and, like torch, does not clone: torch raises on a read of an overwritten output instead.
+The candidate is standalone Python that embeds the reference unchanged and subclasses its `Model` (same
+parameters, same signatures). Backend flags are restored in `finally`; a manual CUDA graph returns a clone of
+its static output.
+Rationale: docs/design/search.md#render
 """
 from __future__ import annotations
 

@@ -1,24 +1,9 @@
 """FX-graph rewrites of a reference model: algebraic simplifications rendered back to Python source.
 
-Design decisions
-- The reference is traced with `torch.fx.symbolic_trace` in a short-lived subprocess
-  (`python -m kernelcraft.search.recipes.rewrite`), never in the caller. The reference is the user's own trusted code,
-  but tracing executes its `__init__` and `forward`, and a subprocess is cheap next to an evaluation
-  (one per run). The model is built and shape-propagated on the `meta` device, so GPU-sized tasks
-  allocate nothing; when shapes cannot be propagated, rules that need them are simply not offered.
-- A rule is offered only when it changes the graph of this reference. Rules compose in a fixed order;
-  every subset of the applicable rules is rendered (there are few), each with and without the Triton
-  elementwise-fusion pass (`tritonfuse`), so the recipes policy can pick any combination later without
-  tracing again.
-- Output is source, not objects: the rewritten `forward` from `Graph.python_code`, plus the lines that
-  bind the names it needs. The generated candidate is standalone Python a person can read and diff.
-- A rule applies when it changes the graph alone, or after the applicable rules before it in
-  `RULE_ORDER` ran (a simplification can expose a `reduce_linear`). A subset whose rendered forward is
-  one a smaller subset (or the reference) already has gets no variant: it would be the same candidate. With more than `MAX_FULL_SUBSETS`
-  applicable rules not every subset is rendered (2^n traces): singletons, all, and all-but-one.
-- The rules themselves live in `fxrules`, `simplify`, `reductions`, `poollinear`, `convreduce` and `activations`;
-  the Triton elementwise fusion in `tritonfuse`. A rule whose output calls a helper of its own gives the helper
-  a `_kc_source`: `render_graph` writes that source into the prelude, so the candidate stays standalone.
+The reference is traced in a subprocess (`python -m kernelcraft.search.recipes.rewrite`) on the `meta`
+device, never in the caller. Only rules that change this reference's graph are offered; the rule subsets
+(with and without Triton fusion) are rendered once, in `RULE_ORDER`, as standalone source.
+Rationale: docs/design/search.md#rewrite
 """
 from __future__ import annotations
 
@@ -67,7 +52,7 @@ def variant_key(rules) -> str:
 
 
 def analyze(source: str, *, timeout_s: float = 180.0) -> Analysis:
-    """Trace the reference in a subprocess and render every applicable rewrite (see module docstring)."""
+    """Trace the reference in a subprocess and render every applicable rewrite (see docs/design/search.md#rewrite)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
@@ -226,7 +211,7 @@ def _features(model, gm, inputs) -> dict:
 
 
 def applicable_rules(model, inputs, base=None) -> list[str]:
-    """Rules that change this graph alone or after the applicable ones before them (see module docstring).
+    """Rules that change this graph alone or after the applicable ones before them (see docs/design/search.md#rewrite).
     `base`: the reference already traced and shape-propagated (copied, never changed)."""
     base = base if base is not None else _trace(model, inputs)
     alone = set()

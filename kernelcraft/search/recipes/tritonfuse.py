@@ -1,20 +1,9 @@
 """Triton elementwise fusion: regions of elementwise FX nodes become one generated Triton kernel each.
 
-Design decisions
-- Runs on a shape-propagated FX graph (in the `rewrite` subprocess). A region is a tree of elementwise
-  nodes whose inner results have no other user; it is fused when it has at least two ops, floating
-  tensors of one dtype, rank <= 4 and scalar constants only. Eager PyTorch runs each op as its own
-  kernel (a full read and write of the tensor each); the fused kernel reads every input once and
-  writes the output once. This is what `torch.compile` does too; the recipe exists for the cases where
-  the compiler is not used (CUDA-graph recipes, or where compile fails) and as a custom kernel of the
-  candidate's own (strict mode).
-- Broadcasting is general: each input is `expand`ed to the output shape on the host and the kernel
-  indexes it through its (possibly zero) strides; inputs that are already contiguous at the output
-  shape (the common case) take a constexpr fast path with no index arithmetic.
-- Arithmetic is done in fp32 and stored in the output dtype; NaNs propagate like PyTorch's (`relu`,
-  `clamp` and friends use `propagate_nan=ALL`).
-- Output is source text (kernel + launcher per region); the graph is modified in place to call the
-  launchers, which `rewrite.render_graph` names in the generated module.
+A region (at least two ops, one floating dtype, rank <= 4, scalar constants only) becomes a kernel that reads
+each input once and writes once; arithmetic in fp32, NaNs propagated like PyTorch's. Output is source text;
+the graph is changed in place to call the launchers.
+Rationale: docs/design/search.md#tritonfuse
 """
 from __future__ import annotations
 

@@ -1,29 +1,9 @@
 """Tunable Triton kernels: what a template instance is, its knob space, which configurations are valid.
 
-Design decisions
-- Two template families cover the patterns that dominate the suite and KernelBench level 2: `gemm` (a
-  matrix product with a fused elementwise epilogue: bias vectors, scalars, activations) and `rownorm`
-  (softmax, log-softmax, LayerNorm, RMSNorm, L2/L1 normalisation over the last dimension). A `Kernel`
-  is a family plus what is fixed for its code (dtype, epilogue or row op); a *shape* is a dict of
-  sizes (M, N, K or rows, cols). A `Match` is a Kernel + shape + how a task's `ModelNew` feeds it.
-- The knob spaces live here, below `kernelcraft.tune`, because two layers use them: the `tuned` recipe
-  of the offline policy (search/recipes) renders a kernel with a stored configuration, and the
-  schedule game (kernelcraft/tune, which sits above search) plays on them. Nothing here imports torch
-  or triton: it is pure data and arithmetic, safe in the policy's process.
-- Every knob is an ordered tuple of values, so "change one knob by one step" is well defined (an
-  index +1 or -1). `valid` masks what cannot compile or run well on a Hopper GPU before anything is
-  built: shared memory over the per-block limit, accumulator tiles that cannot live in registers,
-  blocks far larger than the problem, and duplicate configurations (pipelining depth of a row
-  kernel that never loops). It is an estimate: a configuration that still fails to compile is a
-  failed measurement, which the game turns into a negative reward and a mask entry.
-- fp32 GEMMs use Triton's `tf32x3` dot (three TF32 products, the 3xTF32 technique of CUTLASS): the
-  tensor cores at close to fp32 accuracy. Plain TF32 would fail the judge's fp32 tolerance, and
-  `ieee` runs on the FMA units only.
-- Tuned configurations are data: `kernelcraft tune` writes the best configuration per kernel and
-  shape to a JSON store (`tuned_store_path()`; `$KERNELCRAFT_TUNED` overrides); `lookup_config`
-  reads that store and the one shipped with the package (`tuned_h100.json`, from the H100 benchmark),
-  takes an exact shape match first, else the nearest shape of the same kernel (log-distance), else
-  the template's default.
+Two families (`gemm`, `rownorm`); every knob an ordered tuple of values; `valid` masks configurations that
+cannot compile or run well on a Hopper GPU (an estimate). Pure data and arithmetic: nothing here imports
+torch or triton. `lookup_config` reads tuned configurations (the user's store, then the shipped one).
+Rationale: docs/design/search.md#tunable
 """
 from __future__ import annotations
 
@@ -251,7 +231,7 @@ def record_tuned(kernel: Kernel, shape: dict, config: dict, *, ms: float, gpu: s
 
 
 def lookup_config(kernel: Kernel, shape: dict, *, paths=None) -> tuple[dict, str]:
-    """(configuration, where it came from) for `kernel` at `shape` (module docstring)."""
+    """(configuration, where it came from) for `kernel` at `shape` (docs/design/search.md#tunable)."""
     paths = [tuned_store_path(), BUILTIN_STORE] if paths is None else [Path(p) for p in paths]
     keys = SHAPE_KEYS[kernel.kind]
     best, best_d, origin = None, math.inf, "default"

@@ -1,20 +1,8 @@
 """Which tunable template a reference's forward is: FX graph -> `tunable.Match` (or nothing).
 
-Design decisions
-- Runs where the reference is traced (the `rewrite` subprocess, on the meta device), on the
-  shape-propagated graph. A match must cover the *whole* forward: the template replaces it, so
-  anything left over would be lost. Anything unrecognised means no match, never a guess; the judge
-  still checks every candidate, but a wrong match would only waste a tuning run.
-- gemm: one matrix product (`nn.Linear`, `F.linear` with parameter weights, or `matmul`/`mm`/`@` of
-  2-D operands, B possibly `.t()`/`.T`), then any DAG of elementwise ops the Triton fusion pass can
-  lower (`tritonfuse._lowering`: activations, arithmetic, clamps) whose other operands are scalars or
-  parameters of shape (N,) or (1, N). A Linear's bias is the first vector. Same dtype throughout.
-- rownorm: over the last dimension of the single input: softmax, log-softmax (function, method or
-  module), `nn.LayerNorm`/`F.layer_norm` (one normalised dimension), `nn.RMSNorm` and the written-out
-  RMSNorm `x / sqrt(mean(x*x) + eps) [* w]` (or `x * rsqrt(...)`), L2 normalisation
-  (`x / vector_norm(x, 2, -1, keepdim).clamp_min(eps)`, `F.normalize`) and `x / mean(|x|)`.
-- Bindings are source expressions over forward's parameter names and `self.<attribute path>`, so the
-  rendered candidate reads the reference's own parameters.
+A match must cover the whole forward; anything unrecognised means no match, never a guess. Bindings are
+source expressions over forward's parameters and `self.<attribute path>`.
+Rationale: docs/design/search.md#tunematch
 """
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
 """Triton source for the tunable templates, and the standalone `ModelNew` candidate that runs one.
 
-Design decisions
-- Source text, not objects: `kernel_module(kernel)` is a Python module (kernel + launcher) that the
-  schedule game imports from a file (Triton's `@jit` needs one), and `candidate_source(...)` embeds the
-  same text in a candidate the judge evaluates like any other. The configuration is an argument of
-  the launcher in the module and a constant in the candidate, so what was tuned is what is judged.
-- Every launcher is split in two: `*_launch(...)` computes the grid, the kernel's arguments and its
-  compile-time options from tensors' shapes and strides only, and the caller launches. The compiled-
-  kernel features (kernelcraft/tune/features.py) call it with meta tensors to compile a configuration
-  without a GPU, with exactly the arguments a real launch passes.
-- GEMM: Triton's grouped-ordering matmul (tiles of BLOCK_M x BLOCK_N, a K loop of BLOCK_K steps that
-  Triton software-pipelines `num_stages` deep), with the epilogue inlined on the fp32 accumulator
-  before the single store; row vectors are loaded once per tile. fp32 uses the `tf32x3` dot (see
-  `tunable`). Operands with 2^31 elements or more are refused (32-bit offsets).
-- Row kernels: one program per row; when BLOCK_N covers the row (N is a compile-time constant) the
-  row is loaded once and stays in registers; otherwise the statistics are gathered per lane in a loop
-  over BLOCK_N chunks (softmax with the online max rescaling) and the row is read again to write.
-  Arithmetic in fp32, output stored in the input's dtype; row offsets in int64.
+The same source text is imported by the schedule game and embedded in the candidate, so what was tuned is
+what is judged. Every launcher is split: `*_launch(...)` computes grid, arguments and options from shapes
+and strides only (meta tensors work), the caller launches.
+Rationale: docs/design/search.md#tunetemplates
 """
 from __future__ import annotations
 
