@@ -1,7 +1,9 @@
 """kernelcraft: trustworthy evaluation and automatic optimization of GPU code for PyTorch modules.
 
-The pipeline, one module a stage: task → candidate → build → (worker: check, time, guards) → verdict
-→ search → train. `evaluate()` is the entry point for a single judgement.
+The pipeline, one stage a package: task → candidate → build → judge (correctness, speed, tripwires) → verdict
+→ search → train. `evaluate()` is the entry point for a single judgement; this module re-exports the public API.
+
+Rationale: docs/design/core.md
 """
 from kernelcraft.version import __version__  # noqa: F401
 

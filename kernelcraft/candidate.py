@@ -1,12 +1,10 @@
 """Candidates: source text defining `ModelNew`, in PyTorch, inline CUDA/C++ or Triton.
 
-Design decisions
-- A candidate is its source text; its identity is the SHA-256 of that text. `normalized_hash` (an AST
-  round-trip: comments and formatting removed) identifies candidates that differ only cosmetically,
-  for deduplication in search.
-- Static structure checks happen here, in the caller, before any process is spawned: a candidate that
-  does not parse or defines no `ModelNew` costs nothing to reject. Nothing in this module executes
-  candidate code.
+A candidate is its source text; its identity is the SHA-256 of that text (`normalized_hash`: equal for sources
+that differ only in comments and formatting). Its structure is checked here, in the caller, before any process is
+spawned (`structure_problem`). Invariant: nothing in this module executes candidate code.
+
+Rationale: docs/design/core.md#candidate
 """
 from __future__ import annotations
 

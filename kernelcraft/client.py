@@ -1,14 +1,11 @@
 """A small client for the reward service (`kernelcraft serve`), standard library only.
 
-Design decisions
-- `urllib.request` and `json`, nothing else: the client is imported into RL trainers, whose environments
-  should not need kernelcraft's server extras, torch or a GPU (importing it loads neither torch nor ray).
-- Verdicts come back as plain dicts: the verdict record of ../shared/CONTRACT.md, exactly as the service
-  sent it. An HTTP error raises `ServiceError` with the status and the server's one-line message; a
-  candidate that crashes, hangs or cheats is *not* an error, it is a verdict.
-- The async methods run the blocking call in a thread (`asyncio.to_thread`); one batch request per reward
-  call is the efficient pattern (the server spreads a batch over all its slots).
-- URL and key default to `KERNELCRAFT_URL` (else http://127.0.0.1:8000) and `KERNELCRAFT_API_KEY`.
+Importing it loads neither torch nor ray. Verdicts come back as plain dicts, the verdict record of
+docs/contract.md exactly as the service sent it; an HTTP error raises `ServiceError`, while a candidate that
+crashes, hangs or cheats is a verdict, never an error. URL and key default to `KERNELCRAFT_URL` (else
+http://127.0.0.1:8000) and `KERNELCRAFT_API_KEY`.
+
+Rationale: docs/design/core.md#client
 """
 from __future__ import annotations
 

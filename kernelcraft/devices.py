@@ -1,16 +1,12 @@
 """Devices: what kernelcraft knows about the machine it judges on, in one place.
 
-Design decisions
-- Device strings are `cpu`, `cuda` (the current GPU) or `cuda:N`; `resolve` turns one into the exact
-  device a worker uses and the physical GPU to make visible to it (`CUDA_VISIBLE_DEVICES`, so a worker
-  always sees its GPU as `cuda:0`). A GPU asked for where none is visible is an error, never a silent CPU run.
-- The *kind* (`cpu` | `cuda`) is what defaults hang on (`protocol.DEVICE_DEFAULTS`, `default_jobs`);
-  the *identity* (`timing_identity`: the GPU's product name, or the CPU model and core count) is what a
-  timing is specific to, so cached measurements never cross machines of another kind.
-- The build arch is explicit (`arch_for`: the GPU's capability, `9.0a` on Hopper so wgmma is allowed),
-  never torch's "all visible + PTX" default; `KERNELCRAFT_CUDA_ARCH` overrides it.
-- torch is imported inside the functions that query it: this module sits under the CLI and the caller's
-  side of the judge, which must start without importing torch.
+Device strings are `cpu`, `cuda` or `cuda:N`; `resolve` gives the device a judge process uses and the physical GPU
+to make visible to it (it always sees its GPU as `cuda:0`). A GPU asked for where none is visible is a
+`ValueError`, never a silent CPU run. Defaults hang on the device *kind*; a timing is specific to its *identity*
+(`timing_identity`). The build arch is explicit (`arch_for`). torch is imported only inside the functions that
+query it.
+
+Rationale: docs/design/core.md#devices
 """
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
-"""The library API: `evaluate(task, candidate) -> Verdict`, and `evaluate_many` for batches.
+"""The library API: `evaluate(task, candidate) -> Verdict`, `evaluate_many` for batches, `check_task`, `prebuild`.
 
-Design decisions
-- The caller never imports or runs candidate code: it checks structure statically, writes the task and
-  candidate into a fresh work directory, and hands them to a worker process (`runner`).
-- Everything the worker reports is re-assembled into a `Verdict` here, so the record's shape is owned in
-  one place; deaths (crash, timeout, forged channel) become verdicts too. No exception escapes for a
-  bad candidate; a bad *task* or option raises (`TaskError`, `ValueError`) — that is the caller's bug.
-- The rules are one `Protocol` value, resolved for the device before anything runs and recorded in the
-  verdict; the worker gets it whole in its job and has no defaults of its own.
-- `evaluate_many` runs evaluations concurrently in threads, each with its own worker; timing on one
-  device is serialised by the device lock, so parallel evaluations never time against each other.
+The caller never imports or runs candidate code: it checks structure statically and hands the task and candidate
+to a judge process (`runner`). Every outcome, deaths included, becomes a `Verdict` here (the record's shape is
+owned in one place); no exception escapes for a bad candidate, while a bad task or option raises (`TaskError`,
+`ValueError`). The rules are one `Protocol`, resolved for the device before anything runs and recorded in the
+verdict. A large speedup is reported only as far as fresh judge processes reproduce it (`_reconcile`).
+
+Rationale: docs/design/core.md#evaluate
 """
 from __future__ import annotations
 
@@ -105,7 +102,7 @@ def remeasure_protocol(proto: Protocol, offset: int) -> Protocol:
     partial-key caches and the weights in full, and whose records the verdict keeps); they keep the calibrated
     rule on one fresh draw, which also sets what the timed rounds are held to (`Acceptance`). The weights trial is
     skipped too (`worker`, job key `remeasure`). That halves the judge's device time for a re-measured
-    candidate (issue 15's throughput)."""
+    candidate."""
     return proto.with_(seed=proto.seed + offset, trials=min(proto.trials, REMEASURE_TRIALS), partial_trials=0)
 
 

@@ -1,26 +1,11 @@
-"""The judging protocol: every knob that can change a verdict, in one pydantic model.
+"""The judging protocol: every knob that can change a verdict, in one frozen pydantic model.
 
-Design decisions
-- One name, one default, one validation per knob. `evaluate`, `evaluate_many`, the pool, `optimize`,
-  `bench`, the reward service and the CLI all take a `Protocol` (or the same field names as keyword
-  overrides); none restates a default. Before the split, the timing budget was 3 s through `eval` and
-  1-2 s through `optimize`/`bench`, so one candidate got different verdicts by entry point.
-- Defaults that depend on the device are per device *kind* (`DEVICE_DEFAULTS`: a CPU timing budget of
-  1 s, a GPU's 2 s; a GPU candidate may spend minutes in `torch.compile`, so its run clock is longer; three
-  candidate processes on a CPU, where one process's speed was seen to differ 3x from the next's and, with
-  two, one of them on a busy core still moved the pooled estimate out of the first run's interval
-  (BENCHMARKS.md, seventh and eighth sessions); one on a GPU, where runs reproduce with one).
-  A field left `None` means "the device's default"; `resolved(device)` fills them in, and the resolved
-  protocol is what every verdict records (`Verdict.protocol`), what `bench.json` pins and what a run
-  database stores, so a number always travels with the rules that produced it.
-- Only verdict-changing knobs are here. How much runs at once (`jobs`, slots, `task_jobs`), where caches
-  live and what a search does are execution settings: they must never change a verdict, so they are not
-  part of the protocol and not pinned. The device lock's scope follows from concurrency (`lock_scope`)
-  and is passed beside the protocol for that reason.
-- `screen` and `runtime_guards` can only weaken the judge: they exist to measure the guards' own cost,
-  are never accepted over HTTP (`WEAKENING`) and are recorded like every other knob.
-- Frozen: a protocol is a value. Derived protocols (a re-measurement with another seed, a confirmation
-  with twice the timing budget) are copies with `with_(...)`, recorded as such in their verdicts.
+One name, one default, one validation per knob; every entry point takes a `Protocol` and none restates a default.
+Fields left None take the device kind's default (`DEVICE_DEFAULTS`, filled in by `resolved`), and the resolved
+protocol is recorded in every verdict. Execution settings (jobs, caches, what a search does) are not knobs: they
+must never change a verdict. `WEAKENING` knobs are never accepted from a remote caller.
+
+Rationale: docs/design/core.md#protocol
 """
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """Tasks: KernelBench-format reference files, from a path, source text or the built-in suite.
 
-Design decisions
-- A task is its *source text*. Everything downstream (worker, cache keys, the run database) works from
-  the text, so a task evaluates the same wherever it is loaded from and can travel over HTTP.
-- Inputs and constructor arguments always come from the reference (`get_inputs`, `get_init_inputs`);
-  nothing here ever reads them from a candidate.
-- The built-in suite is one KernelBench file per task, GPU-sized. The CPU tier (`tiny`) is derived, not
-  copied: a `# tiny: NAME=VALUE, ...` comment in the file names new values for module-level constants
-  and the loader rewrites those assignments (AST-located, so formatting elsewhere is untouched). The
-  result is again a standalone KernelBench file.
-- Names: `level1/matmul_square` (GPU tier), `gpu/level1/matmul_square`, `tiny/level1/matmul_square`.
-  Only the static structure is checked here (parses, defines the three names); running it is the
-  worker's job, never the caller's.
+A task is its source text: everything downstream works from the text. Inputs and constructor arguments always come
+from the reference (`get_inputs`, `get_init_inputs`). Only the static structure is checked here (it parses and
+defines `REQUIRED_NAMES`); running it is the judge's job, never the caller's. The CPU tier (`tiny`) is derived
+from the GPU file's `# tiny:` comment.
+
+Rationale: docs/design/core.md#task
 """
 from __future__ import annotations
 

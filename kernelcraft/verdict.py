@@ -1,14 +1,10 @@
-"""The verdict record: what one evaluation concluded, in the shape ../shared/CONTRACT.md promises.
+"""The verdict record: what one evaluation concluded, in the shape docs/contract.md promises.
 
-Design decisions
-- One pydantic model, serialised with `model_dump(mode="json")`; extra detail goes in new optional
-  fields, never by renaming contract fields.
-- `speedup` is set only for `correct` verdicts. Every other status carries `speedup = None`, whatever
-  the worker measured: a wrong or cheating candidate never has a speedup.
-- The protocol that produced a verdict travels in it (`protocol`, additive to the contract): a number
-  is never separated from the rules it was measured under.
-- Reason codes are plain strings listed here, so tests and users can import them instead of
-  retyping them.
+Invariants: contract fields are never renamed (extra detail goes in new optional fields); `speedup` is None for
+every status but `correct` (the model's validator enforces it); the resolved protocol travels in the verdict.
+Reason codes are listed once, in `REASONS`.
+
+Rationale: docs/design/core.md#verdict
 """
 from __future__ import annotations
 
@@ -181,8 +177,8 @@ class Env(BaseModel):
     python: str | None = None
     kernel_tracer: str | None = None  # strict mode on a GPU: how kernels were seen ("cupti" or the fallback)
     worker_start: str | None = None  # "fork" (from the zygote) or "spawn"
-    isolation: dict | None = None  # how the candidate's process was fenced off (judge.isolation.describe)
-    reference: str | None = None  # "fresh" (imported and constructed for this candidate) or "warm" (judge.warm)
+    isolation: dict | None = None  # how the candidate's process was fenced off (judge.process.isolation.describe)
+    reference: str | None = None  # "fresh" (imported and constructed for this candidate) or "warm" (judge.caller.warm)
 
 
 class Verdict(BaseModel):

@@ -1,18 +1,11 @@
 """Sharing a GPU among this process's jobs: shared while they run, exclusive for a job run again after it ran
 out of device memory beside them.
 
-Design decisions
-- Several jobs of one caller (a bench pool's slots, an optimize run's jobs) run on one GPU at once; the device
-  lock (`rounds.DeviceLock`) makes their timing exclusive, not their memory. A job's processes hold device memory
-  from construction until they exit, so one job can run out of memory because the others hold most of the GPU:
-  a CUDA graph of a KernelBench convolution could not allocate 8 GiB with 6.7 of 140 GiB free while two other
-  evaluations' processes held 58 and 32 GiB. That is the caller's crowding, not the candidate's failure.
-- Every job holds its GPU's `Share` shared from spawn to exit and remembers whether another job entered or was
-  there meanwhile (`overlapped`). An out-of-memory verdict from a job that overlapped others is run once more,
-  cold, holding the share exclusively: it waits until the jobs then running have exited, and jobs that arrive
-  while it waits queue behind it (writer preference: a busy pool cannot starve it). Alone, the verdict stands.
-- In-process only (a threading condition): another program's memory on the same GPU is not ours to wait for,
-  and an out-of-memory there still stands — with the message naming the other processes.
+Every job holds its GPU's `Share` shared from spawn to exit and learns whether another job overlapped it; the
+runner runs an overlapped job's out-of-memory outcome once more holding the share exclusively (writer preference:
+a busy pool cannot starve it). In-process only: another program's memory is never waited for.
+
+Rationale: docs/design/judge-caller.md#gpushare
 """
 from __future__ import annotations
 

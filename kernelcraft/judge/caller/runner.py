@@ -1,21 +1,12 @@
-"""Runner: the caller's side of a worker process — spawn, feed, watch, kill, and map deaths to verdicts.
+"""Runner: the caller's side of a judge process — spawn, feed, watch, kill, and map deaths to outcomes.
 
-Design decisions
-- A worker is forked by the `zygote` (torch already imported: ~5 s of CPU less per evaluation) or, where
-  that is off or impossible (bwrap sandbox, `KERNELCRAFT_ZYGOTE=0`), spawned as `python -m
-  kernelcraft.judge.process.worker` with `start_new_session=True`. Either way it leads its own process group, so a
-  timeout or cleanup kills everything the candidate started (`killpg`).
-- Two clocks: `build_timeout_s` covers start-up, the reference import and the candidate import (where
-  inline extensions compile); `timeout_s` starts when the candidate is built and covers construction,
-  correctness and timing. The worker announces phases, so a death is attributed to the right one. Time
-  spent waiting for the device lock (`wait_device`) counts against neither clock.
-- Results come on a private pipe as JSON lines carrying a nonce the caller made; anything else on it is
-  ignored, and more than `MAX_CHANNEL_BYTES` kills the worker. stdout/stderr go to a log file whose tail
-  (faulthandler's trace, a CUDA message) explains crashes.
-- OpenMP waits passively (`OMP_WAIT_POLICY=passive`, `KMP_BLOCKTIME=0`) in every process of an
-  evaluation: spinning threads frozen between calls made CPU timings meaningless. Both sides run so.
-- Caches are shared through the environment: torch extensions, Triton and Inductor caches live under
-  the kernelcraft cache directory, so a second evaluation of the same candidate skips its builds.
+A judge process is forked by the `zygote` or spawned through the `sandbox`, and leads its own process group, so a
+timeout or clean-up kills everything the candidate started. Two clocks: `build_timeout_s` during `BUILD_PHASES`,
+`timeout_s` after; waiting for the device lock counts against neither. Results arrive on a private pipe, each line
+carrying the caller's nonce; anything else marks the outcome `forged`. A job that ran out of device memory because
+of idle warm judges or this process's other jobs is run once more (`warm`, `gpushare`).
+
+Rationale: docs/design/judge-caller.md#runner
 """
 from __future__ import annotations
 

@@ -1,47 +1,12 @@
-"""Sandboxing the worker process: rlimits always, bubblewrap (bwrap) where the OS allows it.
+"""Sandboxing the judge process: rlimits always, bubblewrap (bwrap) where the OS allows it.
 
-The runner calls `prepare(argv, env, work_dir=..., cache_dir=...) -> (argv, env)` right before it spawns a
-worker, or `fork_settings(env) -> (env, rlimits)` for one forked by the `zygote` (rlimits and off modes
-only: bwrap needs a sandbox made per worker, so with bwrap every worker is spawned). Modes (`KERNELCRAFT_SANDBOX`, or `mode=`):
-`rlimits` (the library default), `auto` (bwrap if a probe run of it works, else rlimits; the default of
-`kernelcraft serve`), `bwrap` (required: refuse to run without it), `off` (nothing; for debugging).
+`prepare` (a spawned process) or `fork_settings` (one forked by the zygote) applies the mode (`KERNELCRAFT_SANDBOX`
+or `mode=`: `rlimits`, the library default; `auto`; `bwrap`; `off`). Every mode but `off` scrubs credentials from
+the environment and sets rlimits (soft = hard); bwrap adds no network, a read-only filesystem but the work and
+cache directories, and new PID/IPC/UTS namespaces. Not protected: reads of the rest of the filesystem, the shared
+cache, other GPUs, resources beyond the rlimits.
 
-What every mode except `off` does
-- Scrubs the worker's environment of secrets: the service's `KERNELCRAFT_API_KEY` and any variable whose
-  name looks like a credential (`*TOKEN*`, `*SECRET*`, `*PASSWORD*`, `*API_KEY*`, `*ACCESS_KEY*`, `AWS_*`,
-  `SSH_AUTH_SOCK`, ...). Candidate code can read its own environment; now it finds no keys there.
-- Sets rlimits through a tiny exec shim (`python -I -S -c ...`, no imports beyond the stdlib, then
-  `execv` of the real worker; not `preexec_fn`, which is unsafe in a threaded caller such as the pool):
-  no core dumps (a segfaulting candidate cannot fill the disk with cores), at most `FSIZE` bytes per
-  written file, `NOFILE` descriptors, and, on CPU-only workers when `KERNELCRAFT_SANDBOX_MEM_GB` is set,
-  an address-space cap (never on GPU workers: the CUDA driver reserves terabytes of virtual memory).
-  Soft = hard, so the candidate cannot raise them again. The shim also sets `PR_SET_PDEATHSIG`, so the
-  worker dies if the thread that started it goes away (e.g. a Ray actor killed mid-evaluation). A worker
-  forked by the zygote sets the same rlimits on itself before the job is read; it dies with its caller
-  because the zygote kills its workers when the caller's end of their socket closes.
-
-What bwrap adds
-- A new network namespace: no network at all (only a loopback that is down); abstract Unix sockets of
-  the host are unreachable too. New PID, IPC and UTS namespaces: the candidate cannot see or signal host
-  processes, and everything it starts (including `setsid` daemons) dies with the worker.
-- A read-only view of the whole filesystem, with writable binds of exactly the work directory and the
-  kernelcraft cache directory (builds, Triton/Inductor caches, locks); private tmpfs on /tmp, /dev/shm
-  and /run (so host sockets under /run, e.g. docker.sock, are hidden); credential files and directories
-  in $HOME (~/.ssh, ~/.aws, ~/.netrc, ~/.ray, ...) masked. /dev is bound whole so GPUs stay usable.
-
-What it does NOT protect (know these before exposing the service)
-- Reads: the rest of the filesystem is readable (source trees, datasets, other users' world-readable
-  files). Run the service as a dedicated user whose home holds nothing secret.
-- The cache is writable by every candidate, so a malicious candidate can tamper with other candidates'
-  cached builds or the lock files: a shared cache means shared trust. Give untrusted traffic its own
-  cache directory if this matters.
-- The GPU: all of /dev is visible, so a candidate can open GPUs other than the one it was given
-  (`CUDA_VISIBLE_DEVICES` is advisory) and use GPU memory of its own until it is killed. Kernel and
-  driver exploits, GPU side channels and Unix sockets bound outside /run and $HOME are out of scope.
-- Resource exhaustion beyond the rlimits above: memory (use cgroups / the container's limit), CPU (the
-  runner's wall-clock timeouts), number of processes (RLIMIT_NPROC is per user and would break the
-  harness's own threads; the PID namespace at least reaps them).
-- Without bwrap (rlimits mode): no network isolation and no write restriction at all.
+Rationale: docs/design/judge-caller.md#sandbox
 """
 from __future__ import annotations
 

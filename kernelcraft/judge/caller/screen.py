@@ -1,30 +1,11 @@
 """Static screen: read a candidate's AST before anything runs, reject known cheats, find its kernels.
 
-Design decisions
-- Runs in the caller on source text only; cheap enough to run on every candidate. It is one layer of
-  two: every rule here has a runtime twin in `guards`/`worker`, so a cheat that slips past the AST
-  (aliasing, `getattr` games, exec) is still caught when it acts. `evaluate(..., screen=False)` turns
-  this layer off, which the test suite uses to prove the runtime layer alone.
-- Rules name *constructs*, not intentions: reaching into the harness (frames, `gc`, `kernelcraft`),
-  starting threads or processes, assigning to attributes of clock modules or torch namespaces,
-  changing precision or threading switches. `torch.backends.cudnn.benchmark`, `torch.backends.cudnn.deterministic`
-  and `torch._dynamo`/`torch._inductor` config are allowed: they tune the candidate, not the reference, which runs
-  in its own process with its own settings. `cudnn.deterministic` changes which algorithm cuDNN picks, never its
-  precision, and costs only the candidate speed; it was rejected while candidate and reference shared a process,
-  and that was CUDA-L1's level1/task81 rejection on the H200 (BENCHMARKS.md).
-- It reads values where that settles a question (issue 16: CUDA-L1's published kernels were rejected for
-  these): assigning a backend flag the value it has by default (`torch.backends.cudnn.deterministic =
-  False`), or calling a setter with its default (`torch.set_float32_matmul_precision("highest")`), changes
-  nothing (`FLAG_DEFAULTS`, `CALL_DEFAULTS`: torch's defaults, checked against a fresh interpreter by the
-  tests); assigning an attribute that this torch does not define (`torch.backends.cudnn.fastest`) changes
-  nothing torch reads; code under an `if hasattr(torch..., "name")` that is false in this torch (or in the
-  `else` of a true one) never runs. Torch is imported to answer the last two only when a candidate asks
-  them. A value the screen cannot read (a variable) is a change: real changes stay rejected, and the
-  runtime snapshot compares the values anyway.
-- Strict mode adds reachability from `ModelNew`: the reference `Model` must not be reachable
-  (`reference_call`), and an own kernel must be (`no_custom_kernel`): a `load_inline`/`load` module or
-  a `triton.jit` function. `kernel_names` lists `__global__` and Triton kernel names, which the worker
-  then looks for among the kernels that actually ran.
+Runs in the caller on source text only, one layer of two: every rule has a runtime twin in the candidate's process
+or the judge. Rules name constructs, not intentions; a value is read only where that settles the question (a flag
+set to its default, an attribute this torch lacks, a false `hasattr` branch), and a value it cannot read counts as
+a change. Strict mode adds reachability from `ModelNew` (`reference_call`, `no_custom_kernel`).
+
+Rationale: docs/design/judge-caller.md#screen
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """One-sided jobs of the judge process: the degenerate-task probe and the build-only prebuild.
 
-Design decisions
-- `probe` runs only the task's reference, in the judge process: task files are trusted code (the
-  caller's), and this job never has a candidate. It flags a constant, near-zero, or input/weight-blind
-  output, as `evaluate.check_task` documents.
-- `build_only` imports the candidate *in the candidate's side process* (never in the judge), so its
-  inline extensions land in the build cache; import errors other than a failed build are left for the
-  real evaluation. It runs at a lower CPU priority (`BUILD_NICE`): the pool builds on every core while
-  another evaluation is timed with the judge's host clock, which must not lose its core to nvcc.
+`probe` runs only the task's reference (trusted code), in the judge process; `build_only` imports the candidate in
+the candidate's side process, never in the judge, at a lower CPU priority (`BUILD_NICE`), so its builds land in
+the cache.
+
+Rationale: docs/design/judge-caller.md#single
 """
 from __future__ import annotations
 

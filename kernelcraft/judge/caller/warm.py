@@ -1,26 +1,11 @@
 """Warm judges: judge processes kept between evaluations of the same task, with their reference side.
 
-Design decisions
-- An RL step, a search round and a bench task each judge a group of candidates of one task on one device.
-  Their references are identical (same task text, device, protocol), so a judge whose job ended cleanly is
-  kept idle here, reference imported and constructed, and the next candidate of that task reuses it: no
-  worker start, no reference import, construction, output description or arena set-up (`worker.Warm`).
-  The candidate's side is always fresh (`forker`).
-- The key is everything that shapes a reference: the task's text, the device, the resolved protocol
-  (seed, mode, tolerances, ...), the cache root and the environment the worker was started with. A
-  re-measure runs under another seed, hence another key: it never reuses the judge it is checking.
-- What is not reused: a judge whose job timed out, died, forged its channel, or ended in a reason that
-  puts the reference or the judge in doubt (`worker.NOT_REUSABLE`: task or harness errors, tampering
-  with peers). Then the worker is killed as before and the next job starts cold.
-- Bounded: at most `MAX_IDLE` idle judges in all (each holds a CUDA context or two and the reference's
-  weights), `MAX_IDLE_PER_KEY` per task, none idle longer than `IDLE_S`; the oldest go first. Idle judges
-  are killed at interpreter exit and with `runner.kill_live_workers`. `KERNELCRAFT_WARM=0` turns reuse off.
-- Bounded in device memory too: an idle judge reports what it still holds on its GPU (the reference's
-  weights and arenas, after both processes gave their allocator's free blocks back), and the idle judges of
-  one GPU may hold at most `IDLE_MEMORY_SHARE` of it, the oldest killed first. Without this cap, four idle
-  judges of KernelBench's level-1 tasks (6 GiB inputs) held ~139 of an H200's 140 GiB, and 58 of 91 baseline
-  evaluations ran out of memory. A job that still runs out of memory while idle judges held part of its GPU is
-  run again after they are killed (`runner.run_worker`, `discard_device`): it is not the candidate's fault.
+A judge whose job ended cleanly is kept idle under a key of everything that shapes its reference (task text,
+device, resolved protocol, cache root, environment); the next candidate of that key reuses it, with a fresh
+candidate side. Never kept after a timeout, a death, a forged channel or a `jobs.NOT_REUSABLE` reason. Bounded by
+`MAX_IDLE`, `MAX_IDLE_PER_KEY`, `IDLE_S` and `IDLE_MEMORY_SHARE` of a GPU. `KERNELCRAFT_WARM=0` turns reuse off.
+
+Rationale: docs/design/judge-caller.md#warm
 """
 from __future__ import annotations
 

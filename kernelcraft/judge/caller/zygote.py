@@ -1,39 +1,12 @@
-"""The zygote: a process that has imported torch and the worker once, and forks a fresh worker per evaluation.
+"""The zygote: a process that has imported torch and the judge once, and forks a fresh judge process per
+evaluation.
 
-Design decisions
-- A spawned worker spends ~5 s of CPU importing torch and the harness (more where torch ships without
-  bytecode) before it does anything; the zygote pays that once per caller process, and each evaluation
-  still gets a process of its own (forked), with nothing of any other candidate in it: the zygote never
-  runs candidate code, never initialises CUDA and holds no job (jobs go straight from the runner to the
-  child through a pipe the zygote only hands over).
-- CUDA: torch refuses CUDA in a child forked after the parent touched it, and importing
-  `torch.utils.cpp_extension` asks `torch.cuda.is_available()`; the zygote imports with
-  `PYTORCH_NVML_BASED_CUDA_CHECK=1` (NVML's answer, which leaves fork usable) and proves the point with
-  a probe child before it reports ready. If anything is off, the caller spawns workers as before.
-- Builds first. The zygote reports ready once torch and the harness are imported; Triton and dynamo (the
-  reference's float64 run imports dynamo, ~1.4 s per fresh process otherwise) come next. Requests marked
-  `early` (build-only jobs, which need neither) that arrive meanwhile are forked at once, so a pool's first
-  builds do not wait for those imports and the imports overlap their compiles (BENCHMARKS.md, fourteenth
-  session); every other request is held until they are done, so an evaluation's worker always has them. Should
-  they initialise CUDA (no torch does), the zygote exits with `EXTRAS_BROKE_FORK` and the caller spawns.
-- Protocol: a SOCK_SEQPACKET socketpair per zygote. A request is one JSON message (environment, working
-  directory, rlimits) plus four descriptors: a reply socket, the read end of the job pipe, the log file,
-  the result channel. The zygote forks, sends `{"pid": N}` on the reply socket, later `{"exit": code}`
-  (code as `Popen.returncode`: negative for a signal), and closes it. The child makes itself a session
-  leader (the runner kills the group), takes the descriptors as stdin/stdout/stderr, replaces its
-  environment, sets the rlimits, and runs `worker.main`.
-- Nothing outlives its worker: the zygote and every worker are child subreapers, so a descendant that
-  detaches (double fork + setsid, with or without exec) stays under its worker while that lives and is
-  re-parented to the zygote when it dies; the zygote kills any child it did not fork itself. When the
-  caller goes away (its end of the socket closes) the zygote kills every worker and exits.
-- Trust is that of the rlimits sandbox: workers run as the caller's user. A worker cannot change the
-  zygote (a separate process; with the usual Yama ptrace scope a child cannot attach to its parent), and
-  whatever it leaves in its own memory dies with it.
-- Not with bubblewrap: a sandbox made per worker (own namespaces, own writable binds) cannot be entered
-  after the fork, so `KERNELCRAFT_SANDBOX=auto|bwrap` (bwrap present) keeps spawning. `KERNELCRAFT_ZYGOTE=0`
-  turns the zygote off.
-- Both ends of the protocol live here (the zygote process, then `ForkedWorker`/`Zygote`/`get` for the
-  caller), a little past the ~400-line guideline: they change together.
+The zygote never runs candidate code, never initialises CUDA and holds no job; each evaluation gets a process of
+its own. Nothing outlives its judge process (the zygote and its children are child subreapers; the zygote kills
+children it did not fork, and all of them when the caller goes away). Not used with bwrap; `KERNELCRAFT_ZYGOTE=0`
+turns it off. Both ends of its socket protocol live here: the zygote process, then `ForkedWorker`/`Zygote`/`get`.
+
+Rationale: docs/design/judge-caller.md#zygote
 """
 from __future__ import annotations
 

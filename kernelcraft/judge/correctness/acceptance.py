@@ -1,25 +1,11 @@
 """What the correctness trials accepted, as the rule every output judged without float64 truth is held to.
 
-The trials hand it on as a value (`Acceptance`, made by `precision.Rule.acceptance`): the timed rounds, the
-trials without truth, a second candidate process's trial and the weights trial all judge by it. Per output a
-`Bound`:
-- `exact`: an integer or bool output, equal element for element (also a non-tensor output: equal values);
-- `fixed`: an output the trials judged by the fixed rule (no float64 truth: float64 outputs, a reference that
-  cannot calibrate) — the same fixed rule, |c - r| <= atol * max(1, RMS(r)) + rtol * |r|;
-- `relative`: an output the trials calibrated against float64 — |c - r| <= atol * s + rtol * |r| elementwise and
-  RMS(c - r) <= rms * s, with s = RMS(r) itself (floored at a thousandth of the trials' output scale, never at 1).
-  atol and rms are `MARGIN` times the worst candidate-to-reference distance the trials saw (each side's error
-  against float64, at least the TF32 envelope's, plus a few ulps), relative to the output's scale; atol is never
-  below the fixed atol, relative.
+`Acceptance` (made by `precision.Rule.acceptance`) holds one `Bound` per output: `exact`, `fixed` or `relative`.
+The timed rounds, the trials without truth, a further candidate process's trial and the weights trial judge by it.
+Invariant: a calibrated (`relative`) output is never checked against an absolute floor, only at its own scale.
+`Sample` copies a timed output at secret indices, fresh each round, the moment the candidate's call ends.
 
-Invariant: a calibrated output is never checked against an absolute floor. An output of small magnitude is
-checked at its own scale, so an all-zero answer (or any answer off by more than the trials' own error relative
-to the output) fails wherever the trials would have failed it.
-
-`Sample` is how a timed output is read: the judge draws secret element indices (fresh each round) and copies
-those elements of the candidate's output into its own memory the moment the candidate's timed call ends, before
-any further request reaches that process; the reference's elements at the same indices are read when the round is
-checked. Outputs of at most `FULL` elements are copied whole.
+Rationale: docs/design/judge-correctness.md#acceptance
 """
 from __future__ import annotations
 
@@ -30,7 +16,7 @@ import torch
 
 from kernelcraft.judge.correctness.compare import Comparison, Relative, as_tensor_list, compare_outputs
 
-MARGIN = 4.0  # x the worst distance the trials accepted (module docstring)
+MARGIN = 4.0  # x the worst distance the trials accepted (docs/design/judge-correctness.md#acceptance)
 FULL = 1 << 16  # outputs of at most this many elements are captured and checked whole in timed rounds
 SAMPLE = 1 << 14  # elements captured per larger output per timed round (secret indices, fresh each round)
 SCALE_FLOOR = 1e-3  # the relative scale never drops below this share of the trials' output scale
@@ -38,7 +24,7 @@ SCALE_FLOOR = 1e-3  # the relative scale never drops below this share of the tri
 
 @dataclass(frozen=True)
 class Bound:
-    """One output's bound (module docstring). `kind`: exact, fixed or relative."""
+    """One output's bound (docs/design/judge-correctness.md#acceptance). `kind`: exact, fixed or relative."""
     kind: str
     atol: float | None = None
     rtol: float | None = None
@@ -84,7 +70,8 @@ class Acceptance:
 
 
 class Sample:
-    """Secret element indices per output for one timed round, and the copies taken at them (module docstring)."""
+    """Secret element indices per output for one timed round, and the copies taken at them
+    (docs/design/judge-correctness.md#acceptance)."""
 
     def __init__(self, specs: list, device: torch.device):
         self.gen = torch.Generator(device=device)

@@ -1,11 +1,9 @@
-"""One output's pooled errors against float64 truth, and the bounds they set: the calibrated rule's arithmetic
-(`precision` is the judge's end of it and says why these numbers).
+"""One output's pooled errors against float64 truth, and the bounds they set: the calibrated rule's arithmetic.
 
-Design decisions
-- Sums, not samples: an output's trials are pooled as counts, sums of squares and maxima (`Output`), so a bound is
-  the same arithmetic whether one trial or seven fed it, and what a side reports (the envelopes) is numbers only.
-- Which reference cannot calibrate, and why, is decided here (`Output.uncalibratable`): the verdict's rule_note
-  quotes the reason.
+Trials are pooled as sums (`Output`: counts, sums of squares, maxima), so a bound is the same arithmetic however
+many trials fed it. Which reference cannot calibrate, and why, is decided here (`Output.uncalibratable`).
+
+Rationale: docs/design/judge-correctness.md#bounds
 """
 from __future__ import annotations
 
@@ -115,11 +113,12 @@ class Output:
         return self.usage(factor) <= 1.0
 
     def uncalibratable(self, factor: float) -> str:
-        """Why the reference cannot calibrate this output ("" when it can; module docstring)."""
+        """Why the reference cannot calibrate this output ("" when it can;
+        docs/design/judge-correctness.md#precision)."""
         if not self.n:
             return ""
         e, s = self.errors(), max(self.scale, 1e-30)
-        noisy = self.noisy()  # (random draws that change little, dropout with p=0 say, calibrate as before)
+        noisy = self.noisy()  # (random draws that change little, dropout with p=0 say, calibrate like any reference)
         if noisy and self.random:
             return (f"the reference differs from its float64 self by {e['rms_r'] / s:.2g} of the output's RMS and "
                     f"draws random numbers in its forward ({self.random} random ops): nondeterministic")

@@ -1,27 +1,11 @@
-"""Correctness: compare a candidate's outputs with the reference's.
+"""Correctness: compare a candidate's outputs with the reference's (the fixed rule, and the chunked comparison).
 
-Design decisions
-- Outputs must have the reference's structure: a plain `torch.Tensor` where the reference returns one,
-  a tuple/list of the same length where it returns a sequence. Tensor subclasses (lazy wrappers,
-  `__torch_function__` tricks) and tensors without real storage are not outputs.
-- Tolerance: `|cand - ref| <= atol * scale + rtol * |ref|`, elementwise, where `scale` is
-  max(1, RMS of the reference output) under the fixed rule, or that RMS itself under a `Relative` bound (what
-  the calibrated trials accepted, applied to every output judged without float64 truth: `acceptance`). Scaling atol by the output's magnitude lets an fp32 kernel that
-  sums in another order pass at any magnitude (a K=4096 matmul has outputs of RMS ~64), while a real
-  precision loss (TF32, fp16 inside an fp32 task) is still far outside it. Defaults per output dtype:
-  fp32 1e-4, fp16/bf16 1e-2, fp64 1e-7; `atol`/`rtol` override both.
-- NaN/Inf are compared as values: allowed only where the reference has the same non-finite value.
-- Bounded memory (issue 16): values are compared in flat chunks of `CHUNK` elements, each widened to float64
-  on its own, in two passes (the reference's RMS, then the bound): never a full-size float64 copy or a
-  boolean-mask gather of a whole output, so an output that fits the device twice can be judged. If the
-  judge's own comparison runs out of memory it is retried with smaller chunks, then on the CPU
-  (`plans`): a harness OOM never becomes the candidate's verdict. `chunks` is the one chunking every
-  judge-side pass uses (`precision` too). On a GPU the first plan takes `DEVICE_CHUNK` (16x larger) and
-  statistics stay on the device until a pass ends: the judge's time per op, not the GPU, is what a
-  comparison costs there.
-- This module is the *fixed* rule (KernelBench-style tolerances). The default rule is calibrated against a
-  float64 evaluation of the reference (`precision`); this one still checks structure, non-finite values and
-  names gross errors (`value_mismatch`) under both.
+Outputs must have the reference's structure and be plain tensors with real storage; NaN/Inf must match the
+reference's. Values: `|cand - ref| <= atol * scale + rtol * |ref|` elementwise (`DEFAULT_TOL` per dtype). Every
+judge-side pass is chunked (`chunks`) and retried cheaper on the judge's own out-of-memory, so a harness OOM never
+becomes the candidate's verdict.
+
+Rationale: docs/design/judge-correctness.md#compare
 """
 from __future__ import annotations
 

@@ -1,47 +1,11 @@
 """The reference's float64 evaluation: ground truth for the calibrated precision rule (`precision`).
 
-Runs in the *reference's* side process (`side.Side.cmd_fp64`), never in the judge (which runs no task code
-beyond `get_inputs`/`get_init_inputs`) and never in the candidate's process.
+Runs in the reference's side process only (`side.Side.cmd_fp64`). Truth must really be float64: an op that
+computes below it, or any failure, reports float64 as unavailable (the fixed rule then judges); it never raises.
+On request it also measures the TF32 envelope of the reference's convolutions (and bf16's where TF32's errs by
+more than `COARSE_ABOVE`), and it counts random draws.
 
-Design decisions
-- A fresh deep copy of the reference model, cast to float64 (`Module.to(torch.float64)`: floating
-  parameters and buffers), is run on float64 copies of the current inputs (other tensors cloned), under
-  `torch.no_grad()`, float64 as the default dtype (tensors the forward creates follow) and a forked RNG (the
-  reference's own random stream is left as it was). The copy is made per call and freed after it (reference
-  counting, then the caching allocator's blocks): nothing of it stays resident while the candidate runs or is timed, and the
-  copy starts from the reference's state before this trial's own call (the judge asks for it first).
-- Truth must really be float64. A dispatch mode watches every aten op of the float64 call: an op that
-  yields a floating tensor of lower precision (an explicit `.float()`, a `dtype=torch.float32` constructor,
-  a custom kernel that only knows fp32) means the "float64" result is not ground truth, and the call
-  reports float64 as unavailable instead of returning it. So does any exception (a model that cannot be
-  copied or cast, an op without a float64 kernel, an out-of-memory): the judge then uses the fixed rule
-  and says why. This function never raises: a failure here is never the task's or the candidate's.
-- Outputs are written into the judge's float64 arena (views given by the judge; None where the judge wants
-  no truth: integer, bool, float64 or complex outputs). Of an output larger than `precision.TRUTH_SAMPLE`
-  elements only the judge's pick is written: a strided sample from a start the judge draws each trial (`picked`),
-  so the judge's truth is 256 MiB whatever the output's size.
-- The default-precision envelope (`envelope=True`: a GPU whose reference process leaves cuDNN's TF32 on, PyTorch's
-  default). An fp32 convolution may run in TF32 without anyone asking: cuDNN picks the algorithm, and a
-  memory-format change alone (channels-last) can move an honest candidate onto a TF32 kernel while the reference's
-  own call (3 input channels, say) got a full-fp32 one. Measured against the reference's own error alone, that is
-  a 300-3000x "downgrade" (four of CUDA-L1's H100 kernels, each fixed by `cudnn.allow_tf32 = False`). So when the
-  float64 call ran convolutions, a second float64 call rounds every convolution's input and weight to TF32 (10
-  mantissa bits, as tensor cores read them) and reports, per output, how far that lands from the truth (sums of
-  squares, max, count). The rule (`precision`) accepts errors up to that envelope as it does the reference's own:
-  what the platform's defaults allow the reference's operations. bf16 (7 bits) stays beyond it, and TF32 matmuls
-  (off by default) get no envelope. The judge asks for it until one trial has given it (`precision.Rule.truth`):
-  a second float64 call in every trial doubled the truth's cost on convolution-heavy tasks (KernelBench's 3-D
-  transposed convolutions spent ~43 s in their checks on an H100), and one trial's millions of elements fix the
-  envelope's RMS; its maximum, from fewer elements, sits well inside the 2F factor of the bound.
-- A second, coarser envelope (bf16's 7 mantissa bits, `coarse`) is measured only where the TF32 one errs by more
-  than `COARSE_ABOVE` of the truth's RMS: a deep network whose own TF32 error is percents of its output
-  (KernelBench's train-mode ResNet101: 7%, with bf16 16%). There the precision rule needs to know where bf16 lands
-  to put its bound between the two (`precision.Output.bounds`); elsewhere bf16 is 8x and more beyond TF32 and the
-  third float64 call would buy nothing.
-- The same dispatch mode counts the random draws of the float64 call (`_RANDOM`: dropout's bernoulli, rand,
-  randn, normal, ...) and reports them ("random"): a reference that draws random numbers in its forward is
-  nondeterministic, and its distance from a float64 run (which draws its own) measures nothing about precision
-  (`precision.Output.uncalibratable`).
+Rationale: docs/design/judge-correctness.md#fp64
 """
 from __future__ import annotations
 
@@ -157,7 +121,8 @@ def _widen(x):
 
 def picked(t: torch.Tensor, pick) -> torch.Tensor:
     """The elements of `t` the judge pools (`precision.Rule`): all of them (`pick` None), or `pick`'s `size`
-    elements from `start` every `stride` of the flattened tensor (a large output: module docstring)."""
+    elements from `start` every `stride` of the flattened tensor (a large output:
+    docs/design/judge-correctness.md#fp64)."""
     if pick is None:
         return t
     start, stride, size = (int(pick[k]) for k in ("start", "stride", "size"))
@@ -170,7 +135,7 @@ def evaluate(model, args: list, outs: list, device: torch.device, envelope: bool
     """Run a float64 copy of `model` on `args`; copy its outputs into `outs` (float64 views, None where none is
     wanted), each output's `picks` entry only where one is given. Returns {"available": [bool per output], "note":
     str, "random": random draws the call made} and, with `envelope` when the call ran convolutions, "envelope":
-    [{sq, max, n} or None per output] (module docstring); never raises."""
+    [{sq, max, n} or None per output] (docs/design/judge-correctness.md#fp64); never raises."""
     n = len(outs)
     picks = list(picks or []) + [None] * (n - len(picks or []))
     none = {"available": [False] * n}
@@ -252,5 +217,5 @@ def _envelope(model, args64: list, outs: list, available: list, device: torch.de
         items = [picked(o, pick) if isinstance(o, torch.Tensor) else o for o, pick in zip(items, picks)]
         return [_distance(o, buf) if ok and isinstance(o, torch.Tensor) and o.shape == buf.shape else None
                 for o, buf, ok in zip(items, outs, available)]
-    except Exception:  # noqa: BLE001 - no envelope: the reference's own error alone calibrates, as before
+    except Exception:  # noqa: BLE001 - no envelope: the reference's own error alone calibrates
         return None

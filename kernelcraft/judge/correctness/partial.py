@@ -1,21 +1,11 @@
-"""Partial-change trials: inputs that agree with the previous trial's except on a few elements (issue 16, 8).
+"""Partial-change trials: inputs that agree with the previous trial's except on a few elements.
 
-Design decisions
-- Fresh draws every trial catch a cache keyed on the inputs' values, but not one keyed on an address plus a
-  few values: such a key never repeats under fresh draws, so the cache never hits and the candidate looks
-  honest, while a user's next call with mostly equal inputs (a static buffer, padding in the same places) gets
-  a stale answer. After the fresh trials the judge runs `Protocol.partial_trials` more, each writing into the
-  same arenas (the same addresses) the previous trial's inputs with a random subset of elements of every
-  tensor input replaced by the values of a fresh draw at those positions (so every value is one
-  `get_inputs()` can produce). The subset is chosen with the judge's secret RNG.
-- Shares, in order: about 1% of each tensor's elements (at least one), then a single element. A cache keyed
-  on k fixed or sampled elements of an n-element input hits with probability (1 - m/n)^k: about 99% for a
-  few keys under the 1% trial, and ~1 - k/n for any key of k << n elements under the one-element trial.
-  The output must follow the change like any trial's; an output equal to the previous trial's is named
-  `stale_output`. Integer and bool inputs are mixed the same way (values from the fresh draw stay valid).
-- Mixing two valid draws can break a task's cross-element constraint (a positive-definite matrix, sorted
-  offsets). Partial trials run the reference first; if it fails or its output is non-finite everywhere, the
-  trial is skipped (recorded), never charged to the candidate.
+After the fresh trials, `Protocol.partial_trials` more trials rewrite the previous inputs in the same arenas with a
+secret random subset of elements (`SHARES`: ~1%, then one element) taken from a fresh draw, to catch a cache keyed
+on an address plus a few values. A trial the reference fails on the mixed inputs is skipped, never charged to the
+candidate.
+
+Rationale: docs/design/judge-correctness.md#partial
 """
 from __future__ import annotations
 

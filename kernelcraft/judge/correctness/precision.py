@@ -1,76 +1,12 @@
-"""Precision judged against ground truth: the calibrated rule (issue 16), the judge's end.
+"""Precision judged against ground truth: the calibrated rule, the judge's end.
 
-Design decisions
-- Ground truth is the reference itself evaluated in float64 on the same inputs, in the reference's side
-  process (`fp64`, side command `fp64`; the judge runs no task code), written into a float64 arena the judge
-  owns (on the device, else in host memory). It runs on correctness trials only, never in timed rounds.
-- The rule, per floating output, over the errors against truth t of the reference r and the candidate c,
-  pooled over every trial (finite elements only; scale = RMS(t)):
+Per floating output, pooled over the trials with float64 truth t: RMS(c - t) <= F * RMS(r - t) + floor and
+max(|c - t| - 256u|t|) <= 2F * max|r - t| + floor (F = `Protocol.precision_factor`; arithmetic in `bounds`).
+Missing both this and the fixed tolerance fails a trial as `value_mismatch`; missing this alone, pooled, is
+`precision_downgrade`. Where truth cannot be had the fixed rule judges and `rule_note` says why. Outputs judged
+without truth are held to the `acceptance.Acceptance` made here (`Rule.acceptance`).
 
-      RMS(c - t) <= F * RMS(r - t) + floor      and      max(|c - t| - 256u|t|) <= 2F * max|r - t| + floor
-      floor = 256 * u(dtype) * scale            (u: unit roundoff, 2^-24 for float32: 2^-16 of the scale)
-
-  F (`Protocol.precision_factor`, default 6) is widened by sqrt(64 / n) when fewer than 64 elements were
-  pooled (an RMS of a handful of errors is itself noisy). Why these numbers (measured on CPU, emulating TF32
-  and bf16 by rounding mantissas; tests/test_precision.py keeps the cases): honest fp32 variants of a
-  reference — another summation order, channels-last or im2col convolution, two-pass LayerNorm, erf-GELU,
-  chunked sums — sit at 0.2-4.4x the reference's RMS error (a naive sequential K=4096 dot product against a
-  blocked GEMM is the worst, 4.4x RMS / 7.9x max); fp16 or TF32 in an fp32 task is 500-3000x, bf16 8000x+,
-  also after a softmax that hides it from fixed tolerances; a TF32 reference (cuDNN's default for fp32
-  convolutions) against another TF32 algorithm 1.0x, against a true-fp32 one 0.0x, against bf16 8x. So F = 6
-  accepts every honest variant and rejects lower precision than the reference uses, bf16 under a TF32
-  reference included; fp16 under a TF32 reference is the reference's own precision (same 10-bit mantissa) and
-  is accepted by design. The RMS is the norm-wise test (a precision loss everywhere, also where a softmax
-  squashes it); the max bounds a local error (a few wrong elements hide in an RMS). The floor is a few ulps of
-  the output's scale, and the max also forgives 256 ulps of each element itself: a reference that is exact (a
-  copy, a ReLU, an exp whose largest value happens to round well) still lets a candidate round differently.
-- Verdicts. A trial whose output misses the fixed tolerance (`compare`) *and* the calibrated bound fails at
-  once as `value_mismatch` (stale answers are named there, as before). Missing the fixed tolerance alone is
-  forgiven (a TF32 reference's honest neighbour, the cudnn.benchmark algorithm change). After the trials a
-  pooled bound that is not met is `precision_downgrade` (or `value_mismatch` if the fixed tolerance was
-  missed too): the answer is close, but less accurate than F times the reference's own error.
-- Where ground truth cannot be had the output is judged by the fixed rule, and the record says so
-  (`rule_note`): integer/bool outputs (exact, both rules), float64 or complex outputs (nothing higher), a
-  reference that cannot be cast or computes below float64 when cast, a float64 run that fails or finds no
-  memory, and a reference that cannot calibrate (`Output.uncalibratable`): one that draws random numbers in its
-  forward (dropout in train mode: the float64 run draws its own, `fp64` counts them), or whose error against
-  its float64 self exceeds 1e-2 of the output's RMS (at least 64 ulps) for a reason the rule cannot name. One
-  reason it can name: its convolutions run in TF32 (cuDNN's default) and the envelope (`fp64`, the same call
-  with TF32-rounded convolutions) errs as much (KernelBench's train-mode ResNet101 and MobileNetV2 on an H100:
-  4-7% of the output's RMS from TF32 alone, 0.003-0.01% with TF32 off; torch.compile's honest rewrite was
-  rejected by the fixed rule). That error is the platform's, so the envelope calibrates it as it does
-  everywhere else, the RMS bound capped 2/3 of the way (log scale) to bf16's envelope (`Output.below_bf16`) -- a
-  cap that holds for a reference within 1% as well, since cuDNN may run its own convolutions in full fp32 on a
-  draw. Either way, a bound that would accept an output off by `MEANINGFUL` of its RMS checks nothing
-  (EfficientNetB2 in train mode: 86% even in true fp32), nor does one where bf16's envelope is not `SEPARATION`
-  times TF32's (no bound between them), and the fixed rule keeps today's verdicts.
-  A candidate that then misses the fixed rule fails with a second reason, `unverifiable_reference`, and the
-  message says why the reference could not judge it: an honest rewrite of an ill-conditioned or random
-  reference is told apart from a wrong one by no rule, and the record must not read as if it were.
-- Timed rounds have no truth: their outputs are held to what the trials accepted (`acceptance`, made by
-  `acceptance()` here), 4x the worst |c - r| the trials saw (|c - t| + |r - t|, each at least the TF32 envelope's),
-  elementwise and as an RMS, relative to the output's own RMS and never below the fixed atol relative to it, so
-  the honest output accepted in the trials is accepted in timing, also when cuDNN moves the reference to
-  another algorithm (TF32 or not) once the trials' memory is released, and a stale one is still wrong by far
-  more. Where the reference's convolutions may run in TF32 and no envelope says how far that goes (its float64
-  call failed), the timed rounds allow TF32's fixed bound (`TF32_FIXED`). (It was 4x the bound's worst case,
-  2F x the reference's max error: with a reference that errs by 4-7% of its RMS, as TF32 through a deep network
-  does, that let a stale answer through.)
-- Not every trial needs the truth (`wants_truth`): the first `TRUTH_TRIALS` fresh trials get it, later ones only
-  while some calibrated output has pooled fewer than `TRUTH_ELEMENTS` elements (a 128x1024 softmax gets it in all
-  five; a 64M-element output in two, 2 x 32M sampled elements fix its RMS to far better than 1%). The float64
-  reference was most of the check's device time (a 3-D transposed convolution: seconds per call). Trials without
-  truth, partial trials always among them, are held to what the trials with truth accepted, as the timed rounds
-  are (the same `Acceptance` bound, `bound`): a candidate could count its calls and be exact only while truth is
-  taken, but it can already be exact only in the trials and not in the timed rounds; either way its later error
-  must stay within 4x the accepted bound (fp16, bf16 or TF32 in an fp32 task are 50x and more beyond it).
-- Memory: every pass is chunked (`compare.chunks`) and retried cheaper on an out-of-memory of the judge's own.
-  An output of more than `TRUTH_SAMPLE` elements is pooled on a strided sample of that many, from a start the
-  judge draws each trial (`pick`): the reference's side writes only those elements of its float64 output, so
-  the truth costs the judge 256 MiB per output instead of twice the output (12 GiB for KernelBench's 6 GiB
-  activations, which with both sides' arenas left an 80 GB H100 without room). 32M elements fix an RMS to
-  well under 1%, and a sample start no side can predict; every element is still held to the fixed tolerance
-  (`compare`), so a few wrong elements outside the sample fail there unless they are within it.
+Rationale: docs/design/judge-correctness.md#precision
 """
 from __future__ import annotations
 
@@ -90,9 +26,10 @@ from kernelcraft.judge.correctness.bounds import (CAP, ENVELOPE_EXPLAINS, FLOOR_
 from kernelcraft.judge.correctness.fp64 import picked
 
 TF32_FIXED = 4 * 2.0 ** -10  # the fixed bound (atol and rtol) of a TF32 reference judged without truth: 4 TF32 ulps
-TRUTH_TRIALS = 2  # fresh trials that always get the float64 truth (module docstring) ...
+TRUTH_TRIALS = 2  # fresh trials that always get the float64 truth (docs/design/judge-correctness.md#precision) ...
 TRUTH_ELEMENTS = 1 << 22  # ... and more until each calibrated output pooled this many elements
-TRUTH_SAMPLE = 1 << 25  # elements of an output pooled per trial at most: a strided sample beyond (module docstring)
+# elements of an output pooled per trial at most: a strided sample beyond (docs/design/judge-correctness.md#precision)
+TRUTH_SAMPLE = 1 << 25
 TRUTH_SAMPLE_VAR = "KERNELCRAFT_JUDGE_TRUTH_SAMPLE"  # overrides it (tests sample small outputs)
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -103,7 +40,7 @@ def truth_sample() -> int:
 
 @dataclass
 class Rule:
-    """The judge's end of the precision rule for one evaluation (see the module docstring)."""
+    """The judge's end of the precision rule for one evaluation (docs/design/judge-correctness.md#precision)."""
     protocol: dict
     out_specs: list
     device: torch.device
@@ -167,8 +104,8 @@ class Rule:
         return max(TF32_FIXED, atol if atol is not None else 0.0), max(TF32_FIXED, rtol if rtol is not None else 0.0)
 
     def wants_truth(self) -> bool:
-        """Whether the next fresh trial needs the float64 truth (module docstring: the first `TRUTH_TRIALS`, then
-        until every calibrated output pooled `TRUTH_ELEMENTS`)."""
+        """Whether the next fresh trial needs the float64 truth: the first `TRUTH_TRIALS`, then until every
+        calibrated output pooled `TRUTH_ELEMENTS` (docs/design/judge-correctness.md#precision)."""
         return self.calibrating and (self.truth_trials < TRUTH_TRIALS or any(
             o.n < TRUTH_ELEMENTS for o in self.outputs if o.mode == "calibrated"))
 
@@ -353,7 +290,8 @@ class Rule:
         return rec
 
     def bound(self, o: Output, atol, rtol) -> Bound:
-        """What the trials accepted for output `o`, as `acceptance` applies it (its module docstring)."""
+        """What the trials accepted for output `o`, as `acceptance` applies it
+        (docs/design/judge-correctness.md#acceptance)."""
         if o.mode in ("exact", "value"):
             return Bound("exact")
         fixed_a = atol if atol is not None else default_tolerance(o.dtype)

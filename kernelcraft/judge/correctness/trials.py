@@ -1,19 +1,11 @@
 """The correctness trials of one evaluation (`worker.Evaluation`): fresh draws, partial-change trials, the rule.
 
-Design decisions
-- A function of the evaluation, as the timed rounds are (`rounds.time_candidate`): the sequence reads in one place,
-  the evaluation owns the state (arenas, sides, the draw). Each trial draws fresh inputs (`Evaluation.redraw`),
-  poisons the output arenas, asks the reference's side for the float64 truth where the rule wants it
-  (`precision.Rule.wants_truth`: the first fresh trials, never a partial one), runs both sides
-  in alternating order, reads their outputs (`Evaluation._trial_outputs`) and judges them: the fixed comparison,
-  then the calibrated rule. Partial trials follow (`partial`); strict mode's own-kernel evidence last.
-- A partial trial also fails as `stale_output` when the candidate's answer is bit-for-bit its previous one while
-  the reference's moved beyond the fixed default tolerance: a cache keyed on part of the input, caught even where
-  the trial's tolerance is too wide to see the few changed elements' effect (a deep network whose reference errs
-  by percents in TF32, `precision`). The reference must have moved: an input element that changes nothing (a
-  max-pool's non-maximum) leaves both answers as they were.
-- A large output's trials return the judge's cached device blocks before the float64 call (module docstring of
-  `worker`): the reference's side needs the room more than the judge's cache does.
+Each fresh trial draws fresh inputs, poisons the output arenas, takes the float64 truth where the rule wants it,
+runs both sides in alternating order and judges the outputs: the fixed comparison, then the calibrated rule. A
+repeated answer where the reference's moved is `stale_output`. `run_trials` returns the `Acceptance` every later
+output is held to.
+
+Rationale: docs/design/judge-correctness.md#trials
 """
 from __future__ import annotations
 
@@ -28,7 +20,8 @@ from kernelcraft.judge.correctness.compare import any_finite, compare_outputs, i
 from kernelcraft.judge.reject import Reject
 from kernelcraft.judge.process.sideproc import RUN
 
-STALE_KEEP_BYTES = 1 << 30  # the previous trial's candidate output is kept up to this size (worker's docstring)
+# the previous trial's candidate output is kept up to this size (docs/design/judge-process.md#worker)
+STALE_KEEP_BYTES = 1 << 30
 
 
 def run_trials(ev) -> Acceptance:
@@ -137,7 +130,8 @@ def _tensors(out, fn):
 
 def keeps_answers(ev) -> bool:
     """Whether the judge keeps a copy of the candidate's last answer, to name a repeat of it `stale_output`: up to
-    `STALE_KEEP_BYTES`, never a large output read in place (poisoned by the next trial; worker's docstring)."""
+    `STALE_KEEP_BYTES`, never a large output read in place (poisoned by the next trial;
+    docs/design/judge-process.md#worker)."""
     return not ev.large_outputs and total_bytes(ev.out_specs) <= STALE_KEEP_BYTES
 
 

@@ -1,68 +1,12 @@
 """Weights and module mode are inputs: a candidate computes from its parameters and buffers as they are at call
 time, in the train/eval mode the protocol names.
 
-Design decisions
-- A drop-in loads the reference's weights. Where the reference's `state_dict()` holds anything the judge moves
-  (`moves`: a floating parameter or a normalisation statistic), the candidate's must take it as a user's
-  `ModelNew.load_state_dict(Model.state_dict(), strict=True)` would: the same keys and shapes, no persistent key
-  of its own (derived tensors live in plain attributes or `register_buffer(..., persistent=False)`, which
-  `state_dict()` leaves out), and a `load_state_dict` that does not raise. Otherwise the verdict is `incorrect` /
-  `weights_mismatch`, naming what differs (`match`: `MAX_NAMED` in the message, `MAX_LISTED` in
-  `weights.mismatch`). A candidate that cannot take other weights cannot be shown to compute from its own, and
-  one that renamed, dropped or hard-coded them (a zero-initialised gate assumed, the reference's initial weights
-  kept as constants) would otherwise keep an untested `correct`. `incorrect`, not `rejected`: the answer cannot be
-  verified, as a wrong one cannot be used; it is not a guard catching tampering, and an honest rewrite under other
-  names lands here too (the message says how to fix it). A reference holding only constant buffers (masks,
-  tables) needs no drop-in: a mismatch there is recorded (`weights.matched` False) and `optimize` never makes
-  such a candidate its best.py (`drop_in`).
-- Where it runs: `require_drop_in` right after the correctness trials (a candidate that fails it is not timed);
-  `check` after timing in the candidate's first process (the drop-in rule again, then the trial); `check_process`
-  in every further candidate process (`siblings`, `Protocol.processes`) before it is timed, so a candidate that
-  reads its weights only in the process the judge checks after timing fails in the others. A re-measure keeps the
-  first run's check (`evaluate.remeasure_protocol`). A candidate's `load_state_dict` that raises is a failure
-  wherever it runs, never a skip.
-- The trial: the judge draws new values with its secret RNG (seeded from `secrets`, like its inputs) and sends
-  them as bytes through one arena per side; both sides `load_state_dict` them (strict), the candidate first, and
-  one more trial compares the outputs under the tolerance the trials' rule accepted. A candidate that copied its
-  weights at construction or assumed their initial values fails it: `weights_ignored`. The reference's output on
-  the same inputs with its old weights is computed first, so the message says which weights the candidate
-  followed, and the record says how far the new weights moved the reference's output (`changed_output`;
-  `output_change`, in units of the trial's tolerance: the factor by which a candidate ignoring its weights
-  fails; below `CLEAR_MARGIN` the note says the check had little teeth). A further process and the reference go
-  back to the construction weights after its trial (the reference is timed with every process); a candidate that
-  cannot load them back fails as `weights_mismatch`.
-- What is moved: every floating parameter, and the running statistics of normalisation layers
-  (BatchNorm/InstanceNorm; the statistics a user's trained model carries). Other buffers (causal masks,
-  index tables, constants) keep the reference's values: they are loaded too, but a candidate may compute
-  the same constant instead of reading it (SDPA's `is_causal` for a `tril` buffer), and a perturbed mask is
-  no longer a mask. Parameters tied in the reference (one storage under two keys) get one value.
-- How (`perturbed`), so that every moved tensor matters at the output's scale and the network stays sane: every
-  element is scaled by e^(+-k), k uniform in `_MOVE` with random signs, normalised to mean 1, plus bounded noise
-  (`_ADD`), so every element moves and an all-ones norm weight becomes clearly non-uniform (elements 10-55% off
-  1, standard deviation ~0.36); a tensor with a non-zero element is rescaled to its old RMS, so every layer keeps
-  its gain (deep networks neither blow up nor vanish; a norm weight's mean stays within ~7%). A uniform signed
-  tensor (all zeros: a bias, a zero-initialised gate, a running mean) also moves as a whole, by +-`_SHIFT` times
-  its module's scale (`module_scales`: the RMS of the module's other moved tensors, as PyTorch's initialisation
-  scales a Linear's bias by its weight and a norm layer's by its weight's 1; else 1), a move the noise cannot
-  cancel. Zero-mean noise alone averages out of a mean over channels: it leaves a GroupNorm bias assumed zero
-  before such a mean within TF32's 2^-8 bound on 5% of draws, where this draw misses it by over 25x that bound
-  on each of 200 draws (tests/test_weights.py). Non-negative tensors stay non-negative (variances stay
-  variances), non-finite elements stay as they are. Measured on KernelBench's level-3 networks on a CPU: in train
-  mode the output's RMS moves within 0.8-1.5x; in eval mode at the initial running statistics (no normalisation
-  at all) the shifted biases and means accumulate through depth, ResNet18's output RMS by 14-18x and ResNet101's
-  by 26-74x (zero-mean noise alone: ~18x), finite, and the comparison's tolerance scales with the output's RMS.
-  If the new weights make the reference's output non-finite where it was finite, the check is skipped (noted)
-  and both sides go back to the old weights: the judge's own draw must never charge the candidate.
-- Module mode (`Protocol.module_mode`, KernelBench's default `train`): both sides apply it right after
-  construction with `model.train(mode)`, as a user would, so a candidate's `self.eval()` in `__init__` is
-  overridden (and recorded: `module_mode.candidate_init`). The candidate's side then verifies, after the
-  judge set it and after every checked call and audit, that the modules it had are still in that mode: a
-  candidate that flips its own `.training` (an `eval()` in forward to skip dropout or batch statistics, a
-  `train()` override that ignores its argument) is `rejected` / `mode_changed`. Modules it creates later are
-  not its construction's and are not held to the mode (lazily built helpers would be false alarms).
-- Side-side functions (`state`, `dump_state`, `load_state`, `apply_mode`, `verify_mode`) run in the side
-  processes and are called by `side.Side`'s commands; the rest runs in the judge (`require_drop_in`, `check`,
-  `check_process`, `record_mode`).
+Where the reference has weights the judge moves, the candidate must be a drop-in (a strict `load_state_dict` of the
+reference's state_dict) or it is `incorrect` / `weights_mismatch`; a trial with new weights in both models must
+pass (`weights_ignored` otherwise), in every candidate process. The judge's own draw never charges the candidate
+(a reference made non-finite: skipped). A candidate that flips its own module mode is `rejected` / `mode_changed`.
+
+Rationale: docs/design/judge-correctness.md#weights
 """
 from __future__ import annotations
 
@@ -271,9 +215,10 @@ def _signed(like: torch.Tensor, bounds: tuple[float, float]) -> torch.Tensor:
 
 
 def _perturb(t: torch.Tensor, hint: float) -> torch.Tensor:
-    """New values for one tensor (module docstring): every element scaled by a factor e^(+-k) / E[cosh k] (mean 1,
-    each at least ~20% from 1) plus bounded noise; a non-uniform tensor keeps its RMS, a uniform signed one (all
-    zeros, a zero gate) also moves as a whole by +-k times its scale; a non-negative one stays non-negative."""
+    """New values for one tensor (docs/design/judge-correctness.md#weights): every element scaled by a factor
+    e^(+-k) / E[cosh k] (mean 1, each at least ~20% from 1) plus bounded noise; a non-uniform tensor keeps its RMS,
+    a uniform signed one (all zeros, a zero gate) also moves as a whole by +-k times its scale; a non-negative one
+    stays non-negative."""
     x = t.double() if t.dtype == torch.float64 else t.float()
     finite = torch.isfinite(x)
     vals = x[finite]
@@ -298,8 +243,9 @@ def _perturb(t: torch.Tensor, hint: float) -> torch.Tensor:
 
 
 def perturbed(values: list[torch.Tensor], entries: list[dict]) -> tuple[list[torch.Tensor], int]:
-    """New values for parameters and normalisation statistics (the judge's RNG; module docstring); other entries
-    unchanged, a tied entry the value of the one it is tied to. (values, how many were given new values)."""
+    """New values for parameters and normalisation statistics (the judge's RNG;
+    docs/design/judge-correctness.md#weights); other entries unchanged, a tied entry the value of the one it is
+    tied to. (values, how many were given new values)."""
     hints = module_scales(values, entries)
     out, n = [], 0
     for i, (t, e) in enumerate(zip(values, entries)):
@@ -483,8 +429,8 @@ def _trial(ev, side, ref: list[dict], rec: dict, phase: str, who: str, accepted:
         return False
     rec["checked"] = True
     # the rule the trials accepted (`acceptance`: calibrated outputs relative to their scale, widened to the
-    # reference's own error, e.g. cuDNN's TF32 convolutions), never the bare fixed bound: on the H100 an honest
-    # channels-last conv was a false `weights_ignored` at 1.9e-4 > 1e-4 after new weights
+    # reference's own error, e.g. cuDNN's TF32 convolutions), never the bare fixed bound, which on an H100 reads an
+    # honest channels-last conv as `weights_ignored` (1.9e-4 > 1e-4 after new weights)
     rec["changed_output"] = not accepted.compare(r0, r1, on=ev.device).ok
     moved = excess(r0, r1, accepted, on=ev.device)
     rec["output_change"] = None if moved is None else float(f"{moved:.3g}")

@@ -1,16 +1,10 @@
 """Arenas: memory the judge owns and lends to one side, where inputs and outputs cross as bytes.
 
-Design decisions
-- One arena per side and direction (inputs, outputs), allocated by the judge and mapped by that side
-  only: on a CPU a memfd (anonymous shared memory, handed over by SCM_RIGHTS), on a GPU one allocation
-  in a private CUDA memory pool, shared by CUDA IPC. A private pool matters: IPC maps the whole driver
-  allocation, and in the default caching allocator that may hold the judge's other tensors (reference
-  outputs) next to the lent buffer.
-- Tensors are described by `TensorSpec` (shape, stride, dtype) and laid out at 256-byte aligned
-  offsets, so both processes build identical views over the same bytes. Non-tensor values (ints in
-  get_inputs, scalars in outputs) travel by value in the messages instead.
-- The judge never calls a method of an object the candidate made: what it reads back are its own views
-  over its own arena, copied into private tensors before anything looks at them.
+One arena per side and direction (a memfd on a CPU, a private CUDA memory pool shared by IPC on a GPU), laid out
+from `TensorSpec`s at `ALIGN`-byte offsets so both processes build identical views. Invariant: the judge never calls
+a method of an object the candidate made; it reads its own views, copied into private tensors.
+
+Rationale: docs/design/judge-process.md#arena
 """
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """How an exception in a side becomes a verdict: its class (compile error, out of memory, CUDA error, exception) and
 a message that names the lines of the module's own file.
 
-Design decisions
-- A side reports every failure as a `Reject` for the judge to decide on (`side.serve`); this module is the only
-  place that maps exception types and texts to reasons, so the judge, the jobs loop and the sides name a failure
-  the same way. Messages are trimmed (`_MAX_MSG`): a 10 000-line nvcc log must not become a 10 000-line verdict.
+The only place that maps exception types and texts to reasons; messages are trimmed to `_MAX_MSG` characters.
+
+Rationale: docs/design/judge-process.md#failures
 """
 from __future__ import annotations
 

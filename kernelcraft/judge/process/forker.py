@@ -1,27 +1,11 @@
 """The forker: a CUDA-free child of the judge that makes candidate sides, so a judge can stay warm.
 
-Design decisions
-- Why it exists. A side must be forked from a process that has not touched CUDA (a forked CUDA context is
-  unusable), but a warm judge has: it holds its clock, arenas and probe on the device. So before the judge
-  touches CUDA or reads a job, it forks this process, which only ever forks candidate sides on request. The
-  reference side stays alive across jobs; every candidate gets a fresh side from here.
-- The side is the judge's child. The forker double-forks: the intermediate exits at once and the side is
-  re-parented to the nearest child subreaper, the judge (`isolation.harden_judge`), which can then freeze it
-  and confirm with waitpid as it does any side. Once the forker has reaped the intermediate (re-parenting is done
-  by then) it says so on a pipe, and only then does the side arm its parent-death signal (armed earlier, the
-  intermediate's exit would kill it). A pipe, not getppid(): inside a namespace the parent has no pid.
-- Every candidate side gets a PID namespace of its own where the host allows one (`isolation`: probed once, when
-  the forker starts). The intermediate unshares, forks the namespace's pid 1 (`isolation.namespace_init`: it mounts
-  the namespace's /proc and then only reaps) and then the side, the namespace's second process: both are
-  re-parented to the judge. The judge gets the init's pid with the side's (`SideProc.init_pid`): killing it ends
-  the namespace. Inside, the side's seccomp filter protects the init (pid 1); the judge's pids mean nothing there.
-- Nothing secret passes through here. The forker was forked before the judge read its first job, and a
-  request carries only what the side's process needs to look like a fresh worker of that job: its working
-  directory, its log file (stdout and stderr: the runner reads this job's log for a crash's tail), the
-  job's worker tag (processes the candidate execs carry it, so the runner's `kill_tagged` finds them) and the
-  pids the side's seccomp filter must protect where it has no namespace. The judge's end of the side's wire
-  comes back by SCM_RIGHTS.
-- Same process shape as a first-job side: own session, stdin and the judge's descriptors closed, `side.serve`.
+Forked before the judge touches CUDA or reads a job, it only forks candidate sides on request (a double fork: the
+side is re-parented to the judge), each in a PID namespace of its own where the host allows one. Nothing secret
+passes through it: a request carries only a working directory, a log file, the job's worker tag and the pids to
+protect.
+
+Rationale: docs/design/judge-process.md#forker
 """
 from __future__ import annotations
 

@@ -1,74 +1,12 @@
 """Isolation between the judge's processes: who may touch whom, freezing a side, and audits.
 
-Design decisions
-- The candidate's side lives in a PID namespace of its own (with a mount namespace whose /proc shows that
-  namespace only), made by the judge's forker (`forker`) for every candidate process: a pid, a thread id or a
-  process group outside it cannot even be named, because the kernel resolves every number a system call takes in
-  the caller's namespace. That covers every pid-, tid- and pgid-taking call at once (kill, tkill, tgkill,
-  rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_open, sched_setaffinity/setscheduler/setparam/setattr,
-  setpriority, prlimit64, ioprio_set, migrate_pages, move_pages, kcmp, perf_event_open, process_madvise and
-  pidfd_getfd through a pidfd, cgroup.procs writes, `PRIO_USER`/`IOPRIO_WHO_USER`, which the kernel limits to the
-  caller's namespace, and the rest): the reference, the judge and the other candidate processes are outside.
-  The namespace's pid 1 is a small trusted process forked beside the side (`namespace_init`: it reaps what is
-  orphaned inside, runs no candidate code, and its death ends every process in the namespace); the side is the
-  namespace's second process and still the judge's child (re-parented to it, a child subreaper, as before), so
-  freezing, waitpid and signal semantics are a plain process's. Orphans a candidate detaches are re-parented to
-  that init, not to the judge. /proc is remounted inside: the CUDA driver fails to initialise (error 304) where
-  /proc disagrees with getpid(), and the candidate then sees no process but its own. Pid numbering inside starts
-  at a random point, so concurrent sides do not all get the same small pid (libraries name temporary files in
-  shared caches after the pid). Kinds (`KERNELCRAFT_PIDNS`: `auto`, the default, tries `pid` then `user`;
-  `pid` or `user` only that one; `off` none): `pid` needs CAP_SYS_ADMIN (a root judge); `user` adds a user
-  namespace mapping only the judge's own uid and gid, which is how an unprivileged judge gets the other two where
-  the kernel allows it (both were seen working on Linux 6.18, also nested in the bubblewrap sandbox, `sandbox`;
-  not where unprivileged user namespaces are off, nor where a container's masked /proc makes the kernel refuse a
-  new proc mount). The forker probes once which kind works; where none does, the side runs in the judge's
-  namespace, fenced by the filter and the audits below alone. The verdict's `env.isolation` says
-  which: `candidate.pid_namespace` is the kind or None (`pid_namespace_note` why not), `pid_namespace` the
-  setting. Seen on an H200, inside such a namespace (both kinds, root and an unprivileged user): CUDA initialised,
-  the judge's CUDA IPC buffer was read and written, a Triton kernel compiled and ran, CUPTI recorded kernels, and
-  a matmul took what it takes outside (2.669 against 2.670 ms); an evaluation end to end is
-  `tests/test_gpu_eval.py::test_gpu_candidate_in_its_own_pid_namespace`, for a GPU host.
-- The judge process and the reference process make themselves non-dumpable (`PR_SET_DUMPABLE 0`): a
-  process of the same user can then neither ptrace them nor open their /proc/PID/mem or /proc/PID/fd,
-  whatever the host's Yama setting (root can: a candidate must not run as root, see below). The judge is a child
-  subreaper, so anything the candidate detaches outside a namespace (double fork) is re-parented to it, where an
-  audit sees it.
-- The reference holds blocked every signal that only another process would send it (everything but SIGKILL,
-  SIGSTOP, SIGCONT and the ones ignored by default; faults the kernel raises are delivered whatever the mask):
-  such a signal cannot end or interrupt it, it stays pending, and the audits read it (`pending_signals`).
-- The candidate process installs a seccomp filter on itself before any candidate code exists, as the second layer
-  (`install_filter`; the reference gets the same filter, so both sides run their system calls through the same
-  cost): `setsid` (leaving the session that `killpg` freezes), `ptrace`, `process_vm_readv/writev` and the mount
-  calls (`mount`, `umount2`, `pivot_root`, `setns`, the new mount API) fail with EPERM; so does every call that
-  takes a pid, a tgid or a process group aimed at a protected process (the judge, the reference and the forker;
-  in a namespace, its init): signals (kill, tgkill's and rt_tgsigqueueinfo's tgid, tkill's and rt_sigqueueinfo's
-  first argument), pidfd_open, scheduler affinity/policy/priority/attributes, rlimits, I/O priority, page
-  migration, kcmp and perf_event_open; `-1` as a pid too, SIGCONT whatever the target, and `setpriority`/
-  `ioprio_set` aimed at a whole user. Threads inherit it. What a pid list cannot cover: a THREAD id. Thread ids
-  are dynamic and readable under /proc, and tkill(tid), kill(tid) and rt_sigqueueinfo(tid) reach a whole process
-  through any of its threads, as sched_setaffinity(tid) and the other per-thread scheduler calls reach that thread;
-  nor a descriptor: pidfd_send_signal also takes an open /proc/PID directory, which the filter cannot tell from
-  another file. Only the namespace refuses those. Getters (sched_get*, getpriority, ioprio_get, getpgid, getsid)
-  stay allowed: they change nothing, and inside a namespace they name nothing outside it. Where seccomp is
-  unavailable (another architecture, a kernel without it) the filter is skipped and `describe()` says so; the
-  audits still run.
-- Freezing is SIGSTOP to the side's process group, then `waitpid(WUNTRACED)` on the side (a direct child
-  of the judge), so "frozen" is a fact, not a request in flight; thawing is SIGCONT. `setpgid` stays
-  allowed (ninja puts each compile job in its own group), so a descendant could leave the group: the
-  audits catch it.
-- Audits (`Audit`) run at random moments of the timing loop (the candidate cannot know when) and at its
-  end: a process in the candidate's tree (with a namespace, everything in it) outside its process group, an orphan
-  adopted by the judge or by the candidate's namespace init, a change in the reference's threads' CPU affinity,
-  nice value, scheduling policy or utilisation clamps, a renice of the reference's session (its autogroup, writable
-  through /proc/PID/autogroup by the same user), or a signal pending for the reference. Any of them is a
-  rejection, never a number.
-- What remains possible: a candidate run as root (or with CAP_SYS_ADMIN / CAP_SYS_PTRACE) is outside this model
-  (root ignores non-dumpable, and without a namespace reads and writes the judge's and the reference's memory
-  through /proc/PID/mem); run the service as a dedicated unprivileged user. Without a namespace, a signal the
-  reference cannot block (glibc's two reserved real-time signals) or a per-thread scheduler change is caught
-  only if it is still in place at an audit, and SIGKILL by a thread id or through a /proc/PID descriptor still
-  ends the reference (an error verdict, never a number). Shared host resources (CPU caches, memory bandwidth, the GPU) are not
-  fenced by any of this.
+The candidate's side runs in a PID namespace of its own where the host allows one (`KERNELCRAFT_PIDNS`) and under a
+seccomp filter (`install_filter`) refusing calls aimed at the judge, the reference and the forker; the judge and the
+reference are non-dumpable, and the reference holds blocked the signals only another process sends. Freezing is
+SIGSTOP confirmed by waitpid. Audits (`Audit`) at random moments find escaped processes and a tampered reference: a
+rejection, never a number. A candidate run as root is outside this model.
+
+Rationale: docs/design/judge-process.md#isolation
 """
 from __future__ import annotations
 
@@ -234,7 +172,8 @@ def install_filter(protected: list[int]) -> bool:
 
 
 # -- the candidate's PID namespace -------------------------------------------------------------------------
-PIDNS_SWITCH = "KERNELCRAFT_PIDNS"  # auto (default) | pid | user | off: see the module docstring
+# auto (default) | pid | user | off: docs/design/judge-process.md#isolation
+PIDNS_SWITCH = "KERNELCRAFT_PIDNS"
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_SLAVE = 0x2, 0x4, 0x8, 0x4000, 0x80000
 NAMESPACE_KINDS = {"pid": _CLONE_NEWPID | _CLONE_NEWNS, "user": _CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWNS}

@@ -1,26 +1,12 @@
 """The judge process's life: its helpers forked first, then jobs from stdin, one verdict each, warm in between.
 
-Design decisions
-- Before any job (and its nonce) is read, the judge forks its CUDA-free `forker` and the reference side; no
-  process but the judge ever has a nonce in memory. The first job is judged exactly as a one-shot worker's:
-  reference imported and constructed, a candidate side (from the forker) imported and constructed.
-- A job that asks for it (`warm`, sent by the runner for candidates of one task, see `judge.warm`) keeps the
-  judge, its forker and its reference side alive afterwards, with what `Warm` lists: the next job of the same
-  task skips the worker start, the reference's import, construction and description and the reference's
-  arena set-up; its reference is `reset` to its constructed state first. Every job gets a fresh candidate
-  side, and everything the last candidate left among the judge's children is killed before the result goes
-  out.
-- A job is not kept when its verdict puts the reference or the judge in doubt (`NOT_REUSABLE`: task or
-  harness errors, tampering with a peer), on a timeout, when the reference or the forker died, or when the
-  reference still shows what a candidate did to it whatever the verdict (`isolation.reference_tampering`: a wrong
-  answer is judged before any audit, and the next candidate must not be blamed for signals left pending or threads
-  re-scheduled): the judge then kills both and exits after sending the result, as a one-shot worker does. Nor
-  when its task's inputs and outputs take more than `WARM_MAX_SHARE` of the GPU (`worth_keeping`): its arenas
-  would crowd the jobs that share the GPU.
-- The device lock is released at the end of every job (`Evaluation.hand_over_lock`), not at process exit, and only
-  after the job's device memory went back (the candidate's side reaped, the judge's and a kept reference's cached
-  blocks freed): on KernelBench's 6 GiB-input tasks the next job otherwise met the last one's memory.
-- `Evaluation` (the sequence of one job, in `worker`) is passed in, so this module does not import it.
+The forker and the reference side are forked before any job (and its nonce) is read. A job marked `warm` keeps the
+judge, forker and reference alive for the next job of its task unless its verdict, a death or the reference's
+state puts them in doubt (`NOT_REUSABLE`, `isolation.reference_tampering`) or its task is too large
+(`worth_keeping`). Every job gets a fresh candidate side; the device lock is released at each job's end, after its
+device memory went back.
+
+Rationale: docs/design/judge-process.md#jobs
 """
 from __future__ import annotations
 

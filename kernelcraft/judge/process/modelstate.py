@@ -1,22 +1,11 @@
 """A model's state as the judge must restore it: weights, buffers, module modes, RNG streams, and tensors kept in
 plain attributes.
 
-Design decisions
-- A side is called many times, and not always as often as the other side: the reference's `describe` call, the
-  weights check's extra old-weights call, the reference timed every round while each candidate process runs in
-  its blocks. For most tasks a call leaves nothing behind; a stateful one (KernelBench level 3's RNNs keep
-  `self.hidden` in a plain attribute and replace it every call) leaves its next output depending on how many
-  calls came before. CUDA-L1's level3/task33 and task34 were false `value_mismatch` verdicts that way: the
-  reference was one call ahead of the candidate in every trial.
-- What counts as state here: parameters and buffers (the state_dict), each module's `training` flag, the CPU and
-  CUDA RNG states, and every tensor, `None` and Python scalar (bool, int, float, str) in a module's own attributes,
-  except those `nn.Module` itself keeps. Scalars matter as much as tensors: a candidate that allocates its buffers
-  on the first call and remembers that in a flag (CUDA-L1's a100 level3/task33: `self.hidden_buffer = None` and
-  `self._device_initialized = False` in `__init__`) crashed in timing when its buffer went back to `None` while
-  its flag stayed `True` (a false `runtime_error`). Lists and dicts a forward mutates are not covered; no
-  KernelBench task keeps such state.
-- `Snapshot` is the whole constructed state (the warm reference's `reset`); `plain_state` is the cheap part a
-  stateful task changes, put back between timed rounds (`side.cmd_restore`) or around an unpaired call.
+State is the state_dict, each module's `training` flag, the CPU and CUDA RNG states, and every tensor, None and
+Python scalar in a module's own attributes (not lists or dicts). `Snapshot` is the whole constructed state (a warm
+reference's `reset`); `plain_state` is the cheap part a stateful task changes, restored between timed rounds.
+
+Rationale: docs/design/judge-process.md#modelstate
 """
 from __future__ import annotations
 
@@ -31,7 +20,7 @@ _MODULE_OWN = frozenset(vars(torch.nn.Module()))  # nn.Module's own attributes (
 
 def plain_state(model) -> list:
     """What a forward may carry in plain module attributes, tensors cloned: [(module index, name, value)] for tensors,
-    None and Python scalars (module docstring)."""
+    None and Python scalars (docs/design/judge-process.md#modelstate)."""
     if not isinstance(model, torch.nn.Module):
         return []
     return [(i, name, v.detach().clone() if isinstance(v, torch.Tensor) else v)

@@ -1,12 +1,9 @@
-"""Processes of a worker, read from /proc: what it started, and what escaped its process group.
+"""Processes of a judge process, read from /proc: what it started, and what escaped its process group.
 
-Design decisions
-- Two ways to find a worker's processes, because each alone misses some: the environment tag (every
-  process started through exec inherits `WORKER_TAG_VAR`, also one that left the process group with
-  setsid) and the process tree (`children`, per thread: an orphan may be re-parented to any thread of a
-  child subreaper; a forked child carries no fresh environment).
-- The bottom of the judge: the caller (`runner`), the zygote and the worker's own guards (`guards`) all
-  use it, and it imports nothing of kernelcraft, so none of them reach each other through it.
+Found two ways, each missing some alone: the environment tag (`WORKER_TAG_VAR`) and the process tree (`children`,
+per thread). Invariant: this module imports nothing of kernelcraft (it is the bottom of the judge).
+
+Rationale: docs/design/judge-process.md#procs
 """
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """A side: the process that runs one model (the reference, or the candidate) for the judge, and nothing else.
 
-Design decisions
-- Forked by the judge before it touches CUDA (torch imported, stdin and the result channel closed,
-  hardened by `isolation.harden_side`), a side serves commands from its wire: import the module,
-  construct the model, map input/output arenas, run forward, report. It holds no clock, no other side's
-  data and no verdict; the candidate's side never sees the reference module or the input seeds.
-- A run reads the arena's input views, calls forward, copies every output into the output arena and
-  (GPU) synchronizes the device before answering `done`: the copy happens inside the call the judge
-  times, so a lazy output is paid for there.
-- The candidate's side keeps the old in-process tripwires (process-state snapshot, interpreter hooks,
-  leftover threads, output snapshot before the device sync, plain-tensor outputs, strict mode's
-  own-kernel evidence). The judge trusts what a side says only when it is bad news: a candidate can
-  silence a tripwire in its own process, but that earns it nothing, because correctness and timing are
-  decided by the judge alone. The tripwires name attempted cheats (for hack tables), they do not keep
-  numbers honest.
+Forked by the judge before it touches CUDA, a side serves commands from its wire (import, construct, map arenas,
+run, report). It holds no clock, no other side's data and no verdict; the candidate's side never sees the
+reference module or the input seeds. A run copies every output into the judge's arena and syncs the device inside
+the timed call. The candidate's side runs the in-process tripwires, trusted only as bad news.
+
+Rationale: docs/design/judge-process.md#side
 """
 from __future__ import annotations
 
@@ -36,7 +28,8 @@ from kernelcraft.judge.process.failures import classify
 from kernelcraft.judge.reject import Reject
 from kernelcraft.judge.process.wire import SideEnd
 
-LARGE_OUTPUT_BYTES = 1 << 30  # a "large" output (worker docstring): one per side at a time, read in place
+# a "large" output (docs/design/judge-process.md#worker): one per side at a time, read in place
+LARGE_OUTPUT_BYTES = 1 << 30
 LARGE_OUTPUT_VAR = "KERNELCRAFT_JUDGE_LARGE_BYTES"  # overrides it (the GPU tests force the large-output paths with 0)
 
 
@@ -79,8 +72,8 @@ class Side:
     def cmd_prepare(self, msg: dict, fds) -> dict:
         """Everything of `import` but the candidate's own module: the device, strict mode's kernel tracer, the build
         cache and the trusted libraries it will import (`candidate.preloads`). No candidate code runs, so the judge
-        asks for it before it takes the device lock (issue 20: `torch.compile`'s inductor import took ~2 s of
-        construction under the lock)."""
+        asks for it before it takes the device lock (`torch.compile`'s inductor import takes ~2 s of construction,
+        which would otherwise run under the lock)."""
         if getattr(self, "_prepared", False):
             return {"type": "ok"}
         self.phase = "import"
@@ -210,7 +203,7 @@ class Side:
         """The reference's output structure: what the judge allocates output arenas for. The call is not one of
         the trials: the reference goes back to its constructed state after it (`reset`), or a stateful reference
         (an RNN keeping `self.hidden`) would be one call ahead of the candidate in every trial (CUDA-L1's
-        level3/task33 and 34 were false `value_mismatch` verdicts that way)."""
+        level3/task33 and 34 would read as false `value_mismatch` verdicts that way)."""
         self.phase = "describe"
         before = modelstate.plain_state(self.model)
         out = self._forward()

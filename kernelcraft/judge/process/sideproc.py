@@ -1,18 +1,10 @@
 """The judge's handle on one side process: fork it, freeze and thaw it, time a request, read its reply.
 
-Design decisions
-- A side is forked by the judge (before the judge reads its job or touches CUDA) into its own session, with
-  stdin, the result channel and the other side's wire closed — only those: descriptors the zygote's imports
-  opened (NVML's, CUDA's) stay, since the libraries that own them believe them open.
-- Every request thaws the side, sends, waits for the reply and freezes it again (`isolation.freeze`), so a
-  side runs only while the judge waits on it. `timed` is the same round trip under the judge's clock, ending
-  when the side is frozen and the device idle (`timing.RoundTripClock.settle`).
-- A reply is trusted only as bad news: a `reject` becomes a verdict (status and reasons filtered to the known
-  ones); a reference that fails is the task's error — except running out of device memory after it has already
-  run at this size (`ran`): the task fit, so the shortage is the judge's (its float64 copies) or another
-  process's on a shared GPU, a `harness_error` that names neither the task nor the candidate. Bytes a side
-  sends outside a request are a violation (a reply sent ahead would end the next call's clock early). A side
-  that dies is described by its wait status and the log's tail.
+Every request thaws the side, sends, waits and freezes it again, so a side runs only while the judge waits on it;
+`timed` is the same round trip under the judge's clock. A reply is trusted only as bad news; bytes sent outside a
+request are a violation; a reference's out-of-memory at a size it already ran is the harness's, not the task's.
+
+Rationale: docs/design/judge-process.md#sideproc
 """
 from __future__ import annotations
 

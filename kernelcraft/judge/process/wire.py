@@ -1,12 +1,9 @@
 """The wire between the judge and a side: length-prefixed frames on a Unix socket pair.
 
-Design decisions
-- Asymmetric on purpose. Judge → side: pickle (the side trusts the judge; CUDA IPC handles and tensor
-  specs are easiest to send that way) with descriptors by SCM_RIGHTS. Side → judge: JSON only, at most
-  `MAX_FRAME` bytes, parsed into plain dicts/lists/strings/numbers — nothing a side sends can run code in
-  the judge.
-- A side that closes its end (died, exited) makes `recv` raise `Closed`; the judge then reads the wait
-  status to say how it died.
+Asymmetric: judge → side is pickle with descriptors by SCM_RIGHTS; side → judge is JSON only, at most `MAX_FRAME`
+bytes, parsed into plain values, so nothing a side sends can run code in the judge. A closed end raises `Closed`.
+
+Rationale: docs/design/judge-process.md#wire
 """
 from __future__ import annotations
 

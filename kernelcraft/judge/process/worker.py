@@ -1,46 +1,12 @@
 """The judge process: inputs, clock, comparison and verdict for one evaluation — and no candidate code.
 
-Design decisions
-- Three roles, three processes. This one (started by the runner: forked by the `zygote` or spawned as
-  `python -m kernelcraft.judge.process.worker`) is the judge. Before it reads a job or touches CUDA it forks the
-  *reference* side and a CUDA-free `forker`, which makes every job's *candidate* side (`side.serve`); each
-  side runs in its own session and process group, with stdin (the job), the result channel and the other
-  side's wire closed (descriptors the zygote's imports opened, NVML's and CUDA's, stay: their libraries
-  believe them open); the judge is non-dumpable and a child subreaper (`isolation`). The candidate's
-  process can corrupt only itself. The process's life, one job after another with the reference kept warm
-  between candidates of one task, is `jobs`; this module is one job's sequence (`Evaluation`).
-- Data crosses as bytes. The judge draws every input itself from the task's `get_inputs()` with a seed
-  from `os.urandom` that no side ever sees (fresh values every correctness trial and every timed round,
-  so no input is a function of, or in the span of, inputs a side has seen), writes them into each side's
-  own input arena, and reads outputs back from arenas it owns (`arena`). Inputs are re-verified after
-  every call; output arenas are poisoned (all bits set: NaN for floats) before every call. Weights stay
-  KernelBench-compatible: both models are constructed after `torch.manual_seed(protocol.seed)`; that seed
-  says nothing about the inputs.
-- While one side runs, the other is frozen (SIGSTOP on its process group, confirmed by waitpid). The
-  clock, the L2 flush and the idle probe are the judge's (`timing.RoundTripClock`); a side's reply is
-  never a time. What a side reports is trusted only when it is bad news (its own failure, a tripwire).
-- Phases are announced to the runner as before (reference, prepare, import, wait_device, init, check, time), so
-  the build clock and the run clock, and the classification of a death, are unchanged. The device lock
-  is the judge's (the sides never hold it).
-- The judge's own device memory during the check is what bounds the largest task it can judge (issue 16):
-  both sides' input and output arenas and the float64 truth are needed, the rest is kept small. The
-  reference's output is read in its arena, not copied (only the judge and the reference's process hold that
-  memory, and the reference is idle until the next trial poisons it); the candidate's is copied (its process
-  could write its arena after replying). A trial's inputs are dropped before the next draw. The previous
-  trial's output, kept only to name a repeated answer `stale_output`, is kept up to `trials.STALE_KEEP_BYTES`; a
-  larger repeated answer is still rejected, as a `value_mismatch`. The float64 truth of a large output is a
-  256 MiB sample (`precision.TRUTH_SAMPLE`); before it is computed the judge returns its cached device blocks
-  and the reference's side drops its last output, so the reference's float64 call has room (on an 80 GB H100,
-  KernelBench's 6 GiB-input level-1 tasks found none: the judge held 57.6 GiB, 12 of them the full truth). A
-  large output (above `side.LARGE_OUTPUT_BYTES`) is not copied either: the judge waits until the device is idle
-  (the timing clock's probe; work still running is `extra_stream`), then reads the frozen candidate's arena in
-  place, as timed rounds always do; the sides return their cached blocks after such a trial. A
-  task whose inputs and outputs exceed `HOST_SHARE` of the GPU keeps the judge's output copies in host memory
-  from the start and streams them through the GPU to compare (`_place_copies`; also the fallback when a copy
-  on the device runs out of memory): slower checks, the same verdicts. Streaming every trial's copies and a
-  full host truth through the GPU took 215 s for one 6 GiB task's checks, so it is the exception.
-- The evaluation's sequence (phases, trials) reads in one place; the timed rounds (`rounds`), the judge's handle on
-  a side (`sideproc`), the side itself, the wire, the arenas, the isolation and the clock are their own modules.
+Started by the runner, it forks the reference side and the `forker` before it reads a job or touches CUDA (its life
+across jobs is `jobs`; `Evaluation` is one job's sequence). Inputs are drawn by the judge with a seed no side sees,
+written into each side's arena and re-verified after every call; output arenas are poisoned before every call.
+While one side runs the other is frozen; the clock is the judge's, and a side's report is trusted only as bad news.
+The judge's own device memory is kept small (`HOST_SHARE`, large outputs read in place).
+
+Rationale: docs/design/judge-process.md#worker
 """
 from __future__ import annotations
 
@@ -255,7 +221,7 @@ class Evaluation:
     def _place_copies(self) -> None:
         """A task whose inputs and outputs take more than `HOST_SHARE` of the GPU: the judge's own copies of
         outputs (each trial's, the weights trial's) and the float64 truth go to host memory from the start, and
-        comparisons stream them through the GPU in chunks (module docstring)."""
+        comparisons stream them through the GPU in chunks (docs/design/judge-process.md#worker)."""
         self.large_outputs = self.device.type == "cuda" and total_bytes(self.out_specs) > side_mod.large_bytes()
         if self.device.type != "cuda" or getattr(self, "copy_device", None) is not None:
             return
@@ -285,8 +251,8 @@ class Evaluation:
         return out
 
     def redraw(self) -> None:
-        """Fresh inputs into both arenas; the last draw is dropped first (module docstring: a 16 GiB input does
-        not fit twice beside four arenas on an 80 GB H100)."""
+        """Fresh inputs into both arenas; the last draw is dropped first: a 16 GiB input does not fit twice beside
+        four arenas on an 80 GB H100 (docs/design/judge-process.md#worker)."""
         self.current = None
         self._write_inputs(self._draw())
 
@@ -322,8 +288,8 @@ class Evaluation:
         return items[0] if self.out_kind == "tensor" else tuple(items)
 
     def in_place(self) -> bool:
-        """A large output on the GPU is read in the candidate's arena, not copied (module docstring): once the
-        device is idle (no work the candidate left running can write it), the frozen candidate cannot change it
+        """A large output on the GPU is read in the candidate's arena, not copied (docs/design/judge-process.md#worker):
+        once the device is idle (no work the candidate left running can write it), the frozen candidate cannot change it
         before the judge has compared. True when so (the device is then idle)."""
         if not self.large_outputs or getattr(self, "copy_device", None) is not None:
             return False
@@ -335,10 +301,11 @@ class Evaluation:
         return True
 
     def _trial_outputs(self, replies: dict) -> tuple:
-        """Both sides' outputs: the candidate's as a private copy, the reference's in its arena (module docstring);
-        an out-of-memory of the judge's own copies moves them, the reference's included (and every later one), to
-        host memory instead of failing anyone. (ref, cand, moved)."""
-        def both():  # the reference's output in its arena unless copies go to the host (module docstring)
+        """Both sides' outputs: the candidate's as a private copy, the reference's in its arena
+        (docs/design/judge-process.md#worker); an out-of-memory of the judge's own copies moves them, the
+        reference's included (and every later one), to host memory instead of failing anyone. (ref, cand, moved)."""
+        # the reference's output in its arena unless copies go to the host (docs/design/judge-process.md#worker)
+        def both():
             moved = getattr(self, "copy_device", None) is not None
             return (self._output("reference", replies["reference"].get("values", []), copy=moved),
                     self._output("candidate", list(replies["candidate"].get("values", [])),

@@ -1,2 +1,5 @@
 """Speed: the timed rounds (`rounds`), the candidate's several processes (`siblings`), the statistics and the clock
-(`timing`), the reproducibility interval (`reproduce`) and the CPU time billed from outside the clock (`treecpu`)."""
+(`timing`), the reproducibility interval (`reproduce`) and the CPU time billed from outside the clock (`treecpu`).
+
+Rationale: docs/design/judge-speed.md
+"""

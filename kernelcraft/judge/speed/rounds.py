@@ -1,20 +1,12 @@
 """The timed rounds of one evaluation: the judge's clock around both sides, the candidate's processes, output checks.
 
-Design decisions
-- One function of the `worker.Evaluation` it times (`time_candidate`), called after the correctness trials: the
-  sequence of a job reads in `worker`, the rounds here. `timing.measure` holds the statistics and knows nothing of
-  processes; this module gives it functions that time one call of each side through `sideproc.SideProc.timed`,
-  prepare a round (a fresh draw, poisoned outputs, fresh secret indices) and check it (each side's output and input
-  state copied when its timed call ended, judged by the trials' `Acceptance`; audits at random rounds). Every other
-  request a side answers during timing goes through the CPU ledger (`treecpu`).
-- The candidate's processes (`Protocol.processes`): the extra ones are started and checked under the device lock
-  (`siblings.start`), take turns in blocks (`siblings.Schedule`, one untimed round after a switch), are read back
-  as stopped at the audit rounds and ended before the weights check; the record's interval spans each process's
-  (`timing.split`, `timing.combine`), and the stopping rule tests that interval.
-- A stateful task (`worker.Evaluation.stateful`) has both sides restored to their constructed state before every
-  timed round (`fresh_state`): the reference runs every round while each candidate process runs only in its blocks.
-- The device lock (`DeviceLock`, a flock on a per-device file: freed if the holder dies) covers timing, or the
-  whole device phase when the worker took it earlier (`lock_scope` "device").
+`time_candidate` runs after the correctness trials and gives `timing.measure` functions that time one call of each
+side, prepare a round (fresh draw, poisoned outputs, fresh secret indices) and check it (every timed output held to
+the trials' `Acceptance`, audits at random rounds). Untimed requests during timing go through the CPU ledger
+(`treecpu`). The device lock (`DeviceLock`, a flock freed if its holder dies) covers timing or the whole device
+phase.
+
+Rationale: docs/design/judge-speed.md#rounds
 """
 from __future__ import annotations
 

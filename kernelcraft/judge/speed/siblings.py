@@ -1,36 +1,11 @@
 """The candidate's other processes (`Protocol.processes`): timed interleaved with the first, in blocks of rounds.
 
-Design decisions
-- Why several processes: rounds within one process share that process's memory layout and thread placement,
-  so a within-run interval misses the next run's estimate (BENCHMARKS, "Confidence intervals that
-  reproduce"). The judge therefore times the candidate in `processes` independent processes and the CI spans
-  each one's interval (`timing.split`, `timing.combine`).
-- Interleaved, not one after another: the processes take turns in short blocks of rounds (`Schedule`), each
-  block's rounds pairing the reference with one candidate process, so a host whose load changes during the
-  run moves every process's ratios alike. Blocks timed one after another (the first design: one block per
-  process, a share of the budget each) could not tell a process-dependent speed from a time-dependent one, and
-  on a loaded host they disagreed beyond 2x for honest code. Strict round-by-round alternation was biased the
-  other way (see `Schedule`).
-- A sibling is a full candidate: a fresh side from the judge's forker, imported with the first import's
-  message (its builds are cache hits), constructed with the same seed, lent the *same* arenas as the first
-  (only one candidate process runs at a time), and it must pass one correctness trial of its own before it is
-  timed (a candidate honest only in the process the judge checked is a wrong answer,
-  `v2_c7_later_process_differs`), then the weights check the first process faces after timing
-  (`weights.check_process`: its state_dict must take the reference's, and one trial with new weights in both
-  models must pass; both go back to their construction weights before timing). Every timed output of every
-  process is compared, every input re-verified.
-- No candidate process runs outside its own timed window. The running process could SIGCONT a sibling,
-  whose work would then land in the reference's call or in the gap after its own call (computing an answer
-  into the shared arena off the clock; `v2_c7_sibling_thaw`). A stopped process runs again only on SIGCONT,
-  and the seccomp filter refuses SIGCONT to the candidate whatever the target (`isolation`), so only the
-  judge thaws. The first design re-stopped every candidate process inside every sample instead (SIGSTOP to
-  each group, every thread read back from /proc): it cost ~0.05 ms per process per sample and biased a
-  channels-last CNN's speedup from 1.07x to 0.93x on the 2-core host. The read-back stays as an audit
-  (`check_stopped`, at the judge's random audit rounds), off the clock.
-- When timing ends the siblings are killed and reaped with what they started (`sideproc.end_candidate`; with its
-  namespace, where it has one), so the audit after timing does not find their children re-parented to the judge;
-  the first process (and its namespace's init) stays for the weights check. A job that fails mid-way loses its
-  siblings with the rest of the candidate's processes at the job's end.
+Each sibling is a full candidate (a fresh side, the same seed, the same arenas) that passes a correctness trial and
+the weights check of its own before it is timed; the processes take turns in blocks of `BLOCK` rounds
+(`Schedule`). No candidate process runs outside its own timed window: only the judge thaws. The record's interval
+spans every process's.
+
+Rationale: docs/design/judge-speed.md#siblings
 """
 from __future__ import annotations
 
@@ -103,9 +78,9 @@ BLOCK = 5  # consecutive rounds of one candidate process before the next takes o
 class Schedule:
     """Which candidate process each round times: blocks of BLOCK consecutive rounds, in shuffled cycles over the
     k processes (every process once per cycle, so they share the run's moments evenly; shuffled, so no process is
-    always first after a pause). Round by round alternation was tried first and was biased: a process that ran
-    only every k-th round found its data evicted from the caches by the others, while the reference ran every
-    round (a channels-last CNN read 0.99x against 1.66x in one process on the 2-core host). Within a block the
+    always first after a pause). Round-by-round alternation is biased: a process that runs only every k-th
+    round finds its data evicted from the caches by the others, while the reference runs every round (a
+    channels-last CNN read 0.99x against 1.66x in one process on the 2-core host). Within a block the
     candidate process and the reference alternate as in a single-process run, and a switch to another process
     is preceded by one untimed round (`pick` returns True: the caller runs it), so every timed round starts
     equally warm.

@@ -1,45 +1,12 @@
 """Timing: the judge's clock around each side's round trip, paired and interleaved, until the speedup is known.
 
-Design decisions
-- The clock is the judge's. A sample is the judge's host time from "thaw the side, send `run`" until "the
-  side is frozen again and, on a GPU, the judge's own probe kernel answers at idle speed"
-  (`RoundTripClock.settle`). The side ran forward, copied its outputs into the judge's arena and
-  synchronized its device in between; device work it left running after `done` is billed to it (also
-  what ran while it was being frozen), and the other side's turn starts on an idle device. Nothing a
-  side reports is a time.
-- Overhead is stated and never the candidate's to claim: the same round trip with an empty request (`null`) is
-  timed every round in both processes, and the reference's median (`overhead_ms`) is subtracted from the
-  reference's samples; from the candidate's, the smaller of that and its own (`cand_overhead_ms`). A null is
-  trusted from the candidate only as bad news: a candidate that slows its own null gains nothing, and one whose
-  process answers faster (a quieter core, pinned there by itself or by chance) is billed for the time it
-  really took. With the reference's null alone, a GPU run whose reference process answered 0.92 ms against the
-  candidate's 0.81 read a 0.2 ms candidate as 0.05 ms, 52x where nine other runs read 10-19x. A difference
-  below the clock's resolution is floored at `RESOLUTION_FLOOR` of the overhead, so tiny kernels read as "too
-  small to tell", not as infinite.
-- One *round* times both sides once, in random order, on the same fresh input values; its ratio is a
-  paired sample. The speedup is order-stratified (`balanced_ci`): the median ratio of the rounds where the
-  reference went first and that of the rounds where the candidate did, combined as their geometric mean;
-  each median's 95% CI comes from order statistics (distribution-free), combined in log space. Why: the first
-  call of a round is slower than the second whichever side it is (~0.05 ms of a ~0.3 ms CPU task:
-  `benchmarks/round_order.py`), so per-round ratios are bimodal and a plain median lands wherever the order
-  split puts it (the same code read 0.97 and 1.12 in two runs). Balanced pairs of rounds (ABBA, the ratio
-  (r1 + r2) / (c1 + c2) per pair) cancelled that, but a pair's sum lets one slow call of either round move the
-  pair, so the median's tolerance of slow calls fell from 50% of rounds to ~29%: on the 2-core host, where the
-  reference's process lands on the busier core, the reference's own code read 1.17–1.90x in 3 of 12
-  evaluations (a hack fixture's no-gain bound failed 5 of 12), with the two sides' median times within 10%.
-  Strata keep each round a sample of its own. Rounds continue in batches until the CI is within ±target or
-  the time budget is spent. GPU: the L2 is flushed by the judge before every timed call.
-- Between-run variation is measured, not assumed away: the judge times the candidate in `Protocol.processes`
-  blocks, each in a fresh candidate process, and `combine` makes the CI span every block's interval and the
-  pooled one (a within-run interval missed the next run's estimate most of the time on a busy host).
-- The reported interval is a *reproducibility* interval, where another run's estimate falls 95% of the time:
-  `reproduce.reproducible` widens this run's interval by a calibrated between-run part. The stopping rule tests
-  the within-run interval and stops once it is within `target` or within `STOP_SHARE` of the between-run
-  half-width, whichever is wider (more rounds cannot shrink the rest; a target of 0 still means "time for the
-  whole budget").
-- `measure` knows nothing of processes: it takes functions that time one call (`time_ref`, `time_cand`,
-  `time_null`), prepare a round (`next_round`) and check it (`check_round`), so its statistics are tested
-  with synthetic functions.
+A sample is the judge's host time around a side's whole round trip, ending when the side is frozen and the device
+idle; nothing a side reports is a time. The empty round trip's overhead is subtracted (from the candidate's
+samples, the smaller of both sides'). A round times both sides once, in random order, on the same inputs; the
+speedup is order-stratified (`balanced_ci`) and its interval widened to a reproducibility interval (`reproduce`).
+`measure` knows nothing of processes.
+
+Rationale: docs/design/judge-speed.md#timing
 """
 from __future__ import annotations
 
@@ -108,10 +75,10 @@ def median_ci(values: list[float], z: float = _Z) -> tuple[float, float, float]:
 
 
 def balanced_ci(ratios: list[float], ref_first: list[bool], z: float = _Z) -> tuple[float, float, float]:
-    """The order-stratified speedup and its ~95% CI (module docstring): the geometric mean of the median ratio of
-    the reference-first rounds and that of the candidate-first rounds; each median's order-statistic interval,
-    as log half-widths, combined as for a mean of two independent estimates. Fewer than 3 rounds in an order:
-    the plain `median_ci`."""
+    """The order-stratified speedup and its ~95% CI (docs/design/judge-speed.md#timing): the geometric mean of
+    the median ratio of the reference-first rounds and that of the candidate-first rounds; each median's
+    order-statistic interval, as log half-widths, combined as for a mean of two independent estimates. Fewer than
+    3 rounds in an order: the plain `median_ci`."""
     a = [x for x, f in zip(ratios, ref_first) if f]
     b = [x for x, f in zip(ratios, ref_first) if not f]
     if len(a) < 3 or len(b) < 3 or min(ratios) <= 0:
@@ -204,7 +171,7 @@ def measure(
     billed: Callable[[int], float] | None = None,
 ) -> TimingResult:
     """Paired, interleaved rounds until the speedup CI is within ±target (or within `STOP_SHARE` of the
-    between-run half-width, module docstring) or `budget_s` is spent.
+    between-run half-width, docs/design/judge-speed.md#timing) or `budget_s` is spent.
 
     At least `min_rounds` rounds are timed unless that would take over 3× the budget (slow forwards).
     `next_round(i)` puts round i's fresh inputs in place (warm-up rounds are negative); `time_*()` time one

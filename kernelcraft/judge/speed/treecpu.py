@@ -1,15 +1,10 @@
 """The kernel's own accounting of a side's process tree: CPU time the judge reads, never one a side reports.
 
-`tree_cpu_ns(pid)` is the CPU time the process tree under `pid` has used: every live process's CPU clock (all its
-threads, exited ones included, to the nanosecond: `clock_gettime` on the process's CPU-time clock id), plus the
-time of children those processes already reaped (`/proc/PID/stat` cutime + cstime, in clock ticks). Read while the
-tree is frozen, two readings bracket exactly the CPU time it used in between — whatever ran it: the forward, a
-thread the candidate started, a method it planted on an object the harness touches.
+`tree_cpu_ns(pid)` is the CPU time the tree under `pid` has used (live processes' CPU clocks plus reaped children);
+two readings while it is frozen bracket what it used in between. `Ledger` bills the candidate's untimed CPU time
+beyond the reference's (over an allowance) to its timed samples.
 
-`Ledger` adds up, per side, the CPU time of the windows in which the side ran *outside* the judge's clock during
-timing (the null round trip, a stateful task's restore). The harness does the same work in both sides there, so
-what the candidate's tree used beyond the reference's is work moved out of its timed calls: `billed_ms` spreads that
-excess over the timed rounds, and the timing adds it to every candidate sample.
+Rationale: docs/design/judge-speed.md#treecpu
 """
 from __future__ import annotations
 
@@ -47,12 +42,12 @@ def reaped_children_ns(pid: int) -> int:
 
 
 def tree_cpu_ns(pid: int) -> int:
-    """CPU time of the process tree under `pid` (module docstring)."""
+    """CPU time of the process tree under `pid` (docs/design/judge-speed.md#treecpu)."""
     return sum(process_cpu_ns(p) + reaped_children_ns(p) for p in [pid, *descendants(pid)])
 
 
 class Ledger:
-    """Untimed CPU time per side during timing (module docstring)."""
+    """Untimed CPU time per side during timing (docs/design/judge-speed.md#treecpu)."""
 
     def __init__(self):
         self.untimed_ns = {"reference": 0, "candidate": 0}

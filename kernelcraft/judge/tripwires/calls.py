@@ -1,10 +1,9 @@
 """Tripwires on the candidate's calls and outputs (the process-state guards are in `guards`).
 
-Design decisions
-- Used by the judge (`same_values`) and by the candidate's side (`profile_kernels`, strict mode's evidence;
-  the output snapshot). A timed call's output is checked by `acceptance`.
-- `same_values` (bitwise, NaN == NaN) tells a cached answer from a recomputed one; `profile_kernels`
-  lists the GPU kernels a call launched (strict mode's own-kernel evidence), through `kerneltrace`.
+`same_values` (bitwise, NaN equal to NaN) tells a cached answer from a recomputed one; `profile_kernels` lists the
+GPU kernels a call launched (strict mode's evidence), through `kerneltrace` or else torch.profiler.
+
+Rationale: docs/design/judge-tripwires.md#calls
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """Candidate-side tripwires on process state: what the candidate did to its own process (names, not proof).
-(Spot checks and kernel evidence are in `tripwires`.)
 
-Design decisions
-- Judge v2: these run in the candidate's own process, where nothing of the judge or the reference lives. A
-  candidate can silence them; that earns nothing, since the judge decides correctness and timing in another
-  process. They stay because they name attempted cheats cheaply (hack tables, RL diagnostics), and the
-  judge trusts what they report only as bad news.
-- `ProcessState.capture()` runs before the candidate is imported: it records the numeric-precision switches,
-  thread count, default dtype, grad mode, the identity of every clock and timing function, and the identity
-  of every public torch / torch.nn.functional / Tensor callable and every torch.nn module's `forward`.
-  `verify()` compares after every correctness trial and at the end; a difference is a rejection with the
-  reason code of what changed. Comparing identities catches monkey-patching whatever the patch does.
-- Precision switches (TF32, reduced-precision reductions, matmul precision, default dtype) and the thread
-  count are rejected, not restored: they change what the candidate computes. `cudnn.benchmark` and
-  `cudnn.deterministic` are legitimate candidate-side choices (algorithm selection, not precision; the reference
-  runs in its own process with its own settings).
+`ProcessState.capture()` snapshots precision switches, thread count, default dtype, grad mode and the identities of
+clocks, torch callables and harness modules before the candidate is imported; `verify()` compares at every audit.
+Precision switches and the thread count are rejected, not restored. Run in the candidate's process, these are
+trusted only as bad news. (The output snapshot and kernel evidence are in `calls`.)
+
+Rationale: docs/design/judge-tripwires.md#guards
 """
 from __future__ import annotations
 

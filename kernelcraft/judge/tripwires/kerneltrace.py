@@ -1,23 +1,10 @@
 """Which GPU kernels ran: CUPTI's activity API through ctypes, without torch.profiler.
 
-Design decisions
-- Strict mode needs the names of the kernels a call ran (its own-kernel evidence). torch.profiler gets
-  them through Kineto, whose first start costs 4.6-6.3 s of CPU in every process on an H100 (measured,
-  torch 2.11 + CUPTI 13); enabling the same CUPTI activity kind directly costs ~0.02 s. With one fresh
-  worker process per evaluation that difference is most of a worker's start-up, so we talk to CUPTI
-  ourselves: `cuptiActivityRegisterCallbacks` + `cuptiActivityEnable(CONCURRENT_KERNEL)`, then
-  `cuptiActivityFlushAll` and walk the records with `cuptiActivityGetNextRecord`.
-- CONCURRENT_KERNEL records every kernel that executed, whichever API, stream or thread launched it and
-  kernels replayed from a CUDA graph too (launch callbacks would miss those). We read two fields of the
-  record: `kind` (offset 0) and `name` (offset 104), the same offset in every `CUpti_ActivityKernel`
-  version from 4 to 10 (CUDA 11-13 headers; checked with offsetof). A layout we do not understand cannot
-  pass for evidence: `Tracer.start` traces a probe kernel first and the tracer is only used when the
-  probe's name comes back; otherwise (no CUPTI, another subscriber, another layout) callers fall back
-  to torch.profiler.
-- The CUPTI library is the one already loaded into the process (torch's, found in /proc/self/maps), so
-  there is never a second copy; else torch's wheel directory, CUDA_HOME and the loader's search path.
-- Buffers are Python-owned ctypes arrays kept alive until CUPTI returns them; the callbacks run in the
-  thread that flushes or in CUPTI's worker thread, and take the GIL through ctypes.
+Records CONCURRENT_KERNEL activity (every kernel executed, CUDA graph replays included) and reads `kind` and `name`
+at fixed offsets. A layout it does not understand cannot pass for evidence: the tracer is used only when a probe
+kernel's name comes back; otherwise callers fall back to torch.profiler.
+
+Rationale: docs/design/judge-tripwires.md#kerneltrace
 """
 from __future__ import annotations
 
