@@ -61,9 +61,11 @@ class Protocol(BaseModel):
     processes: int | None = Field(None, ge=1, le=8, description="candidate processes timed interleaved in blocks "
                                   "of rounds, each with a correctness trial of its own; the CI spans every process's "
                                   "interval, so it covers between-process variation (1: one process, within-run "
-                                  "CI only; default 3 cpu / 1 gpu, see README)")
-    input_sets: int = Field(8, ge=2, le=64, description="input sets rotated while timing (no warm-cache wins)")
-    input_pool_bytes: int = Field(1 << 30, ge=1 << 20, description="memory the rotated input sets may take")
+                                  "CI only; default 3 cpu / 1 gpu; docs/protocol.md)")
+    input_sets: int = Field(8, ge=2, le=64, description="kept in the record for its "
+                            "compatibility; changes nothing: every trial and timed round draws fresh inputs")
+    input_pool_bytes: int = Field(1 << 30, ge=1 << 20, description="kept in the record for "
+                                  "its compatibility; changes nothing")
     timeout_s: float | None = Field(None, gt=0, le=7200, description="seconds allowed after the build: "
                                     "construction, checks and timing (default 180 cpu / 300 gpu)")
     build_timeout_s: float = Field(900.0, gt=0, le=7200, description="seconds allowed for start-up, imports "

@@ -128,7 +128,7 @@ class Timing(BaseModel):
                                                     "the between-run deviation (ci95 is where a re-run's estimate "
                                                     "falls 95% of the time)")
     between_run_sd: float | None = Field(None, description="the calibrated between-run standard deviation of the "
-                                         "log speedup at these times (judge.reproduce.BETWEEN_RUN)")
+                                         "log speedup at these times (judge/speed/reproduce.py BETWEEN_RUN)")
     cand_overhead_ms: float | None = Field(None, description="median round trip of an empty request answered by "
                                            "the candidate's process: subtracted from its samples where smaller "
                                            "than overhead_ms (never where larger: a candidate cannot inflate it), "
@@ -141,7 +141,7 @@ class Timing(BaseModel):
     billed_ms: float | None = Field(None, description="ms added to every candidate sample: its untimed CPU time "
                                     "beyond the reference's (and a small allowance), spread over the timed rounds")
     note: str | None = Field(None, description="'host too noisy: ...' when the CI cannot resolve the speedup "
-                             "(judge.timing.noise_note), or candidate processes that disagree; the CLI warns")
+                             "(judge/speed/timing.py noise_note), or candidate processes that disagree; the CLI warns")
 
 
 class Weights(BaseModel):
