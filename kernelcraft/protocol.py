@@ -39,7 +39,8 @@ class Protocol(BaseModel):
     trials: int = Field(5, ge=1, le=100, description="correctness trials, each on fresh random inputs")
     atol: float | None = Field(None, ge=0, description="absolute tolerance (default per output dtype)")
     rtol: float | None = Field(None, ge=0, description="relative tolerance (default per output dtype)")
-    seed: int = Field(42, description="seed of inputs and weights; re-measurements derive their own")
+    seed: int = Field(42, description="seed of the weights both models are constructed with (inputs are drawn from a seed "
+                      "no process but the judge knows); re-measurements derive their own")
     precision: Literal["calibrated", "fixed"] = Field(
         "calibrated", description="calibrated: the candidate's error vs a float64 evaluation of the reference must "
         "be within precision_factor x the reference's own (judge/correctness/precision.py); fixed: atol/rtol only "
