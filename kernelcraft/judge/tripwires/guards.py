@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from kernelcraft.judge.correctness import compare
 from kernelcraft.judge.speed import timing
 from kernelcraft.judge.process.procs import WORKER_TAG_VAR, descendants, tagged_processes
-from kernelcraft.judge.reject import Reject  # noqa: F401  (raised here; `guards.Reject` for older callers)
+from kernelcraft.judge.reject import Reject  # noqa: F401  (raised here; also importable as `guards.Reject`)
 
 
 def _precision_flags() -> dict:
