@@ -1,5 +1,5 @@
 """The calibrated precision rule (judge/correctness/precision.py, judge/correctness/fp64.py), memory-bounded comparison (judge/correctness/compare.py)
-and partial-change trials (judge/correctness/partial.py): issue 16, points 1, 4 and 8. The verdict-level cases are fixtures
+and partial-change trials (judge/correctness/partial.py). The verdict-level cases are fixtures
 (hacks/precision_fp16_softmax.py, hacks/stale_partial_key_cache.py, legit/guard_center_rows_split_mean.py,
 legit/guard_softmax_manual.py, legit/guard_full_key_memo.py, run by test_guards); here: the same candidates under
 the fixed rule (what the calibrated rule changes), the rule's cases on synthetic outputs, and the building blocks.
@@ -314,7 +314,7 @@ class _SampledReference:
 
 
 def test_large_outputs_pool_a_secret_strided_sample_of_the_truth(monkeypatch):
-    """Issue 16, point 4: above TRUTH_SAMPLE elements the float64 truth is a strided sample (the judge's memory stays
+    """Above TRUTH_SAMPLE elements the float64 truth is a strided sample (the judge's memory stays
     small), from a start drawn every trial; the rule still accepts honest fp32 and rejects fp16."""
     monkeypatch.setattr(precision, "TRUTH_SAMPLE", 500)
     torch.manual_seed(0)
@@ -500,13 +500,13 @@ def _peak_bytes(log2n: int) -> int:
 
 def test_comparison_peak_memory_does_not_grow_with_the_output():
     """Peak extra memory (the process's max RSS) of comparing two fp32 outputs of 32 MiB and of 128 MiB: the
-    chunked comparison's peak is a constant (its chunks), not a multiple of the output. The old code made float64
-    copies of both, masks and gathered copies: its peak grew by ~16x the output's size (measured: 16.8x at 128 MiB),
+    chunked comparison's peak is a constant (its chunks), not a multiple of the output. A comparison that makes
+    float64 copies of both, masks and gathered copies peaks at ~16x the output's size (measured: 16.8x at 128 MiB),
     so a 4 GiB output could not be judged on an 80 GB GPU."""
     small, big = _peak_bytes(23), _peak_bytes(25)
     out_small, out_big = 4 << 23, 4 << 25
     # alone this grows by ~0; under a loaded host max RSS picked up ~0.6x once (allocator timing), so the bound is
-    # one output's size: still 16x below the old code's growth, which it exists to catch
+    # one output's size: still 16x below the growth of a comparison with full float64 copies, which it exists to catch
     assert big - small < 1.0 * (out_big - out_small), (small, big)
     assert big < out_big, big
 
@@ -706,10 +706,10 @@ def test_a_deep_tf32_reference_is_calibrated_between_its_tf32_and_bf16_envelopes
 
 
 def test_a_deep_reference_that_cudnn_ran_in_full_fp32_still_caps_the_bound_below_bf16():
-    """The GPU suite's deep train-mode CNN once judged bf16 autocast `correct`: where cuDNN picks full-fp32 kernels for
-    the reference, its own error is tiny, so the bound was 6x the TF32 envelope (percents here), past bf16's. The cap
-    2/3 of the way to the bf16 envelope now holds wherever that envelope was measured, noisy reference or not: a TF32
-    algorithm still passes, bf16 does not."""
+    """The GPU suite's deep train-mode CNN under bf16 autocast: where cuDNN picks full-fp32 kernels for the reference,
+    its own error is tiny, and a bound of 6x the TF32 envelope (percents here) would pass bf16. The cap 2/3 of the way
+    to the bf16 envelope holds wherever that envelope was measured, noisy reference or not: a TF32 algorithm passes,
+    bf16 does not."""
     res, rule = _judge_deep(_RoundConvolutions(10, truncate=True), reference_bits=None)
     o = rule.outputs[0]
     e = o.errors()
