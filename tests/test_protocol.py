@@ -34,7 +34,7 @@ def test_bad_values_and_unknown_knobs_name_themselves():
         Protocol.make(trails=3)
     with pytest.raises(ProtocolError, match="mode"):
         Protocol.make(mode="lenient")
-    assert issubclass(ProtocolError, ValueError)  # the caller's bug, as every bad option was
+    assert issubclass(ProtocolError, ValueError)  # the caller's bug, as every bad option is
 
 
 def test_a_zero_timing_budget_is_refused_by_every_entry_point():
