@@ -8,7 +8,7 @@ Usage:
 One input per task (weights seeded as KernelBench does, the module in its default mode, `torch.no_grad`); every
 error is relative to the float64 output's RMS. On a CPU there is no TF32 ("TF32 on" and "off" are the same fp32
 run); the envelopes are float64 computations (`judge/correctness/fp64.py`) and read the same on any machine. Why these numbers:
-BENCHMARKS.md, "Eleventh session" (a reference 4-7% from float64 through TF32 alone is calibrated by its envelope,
+BENCHMARKS.md, 2026-11-28 · b9c8bfc (a reference 4-7% from float64 through TF32 alone is calibrated by its envelope,
 with the bound between the TF32 and bf16 envelopes).
 """
 from __future__ import annotations

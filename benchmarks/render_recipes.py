@@ -1,5 +1,5 @@
 """Render the `recipes` policy's first-round GPU candidates for a KernelBench-layout directory, offline (CPU only),
-so a GPU session can judge them with `kernelcraft bench DIR --candidates OUT/<slot>` without searching.
+so a GPU machine can judge them with `kernelcraft bench DIR --candidates OUT/<slot>` without searching.
 
 Usage: PYTHONPATH=$PWD python3 benchmarks/render_recipes.py DIR [DIR ...] --out OUT [--k 3] [--device-name "NVIDIA H100"]
 

@@ -14,8 +14,8 @@ null pair. It prints, per rep:
 - the median first and second call of a round, and the null.
 With the reference as its own candidate, every split should read 1. A first call slower than the second is an
 order effect: random order cancels it on average, but the per-round ratios become bimodal. A side that is slower in
-both positions is a difference between the two processes. BENCHMARKS.md, "The CPU `processes` bias, narrowed",
-has what this found on the 2-core host.
+both positions is a difference between the two processes. BENCHMARKS.md, 2026-11-25 · e4f5d55 ("Order effects inside
+a round"), has what this found on the 2-core host.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Usage (on a GPU box; everything it needs is generated here):
     python benchmarks/throughput.py --gpus 1,2,4         # scaling 1 -> N GPUs (a fresh candidate set each)
     python benchmarks/throughput.py --n 32 --baseline 2 --out tp.json --markdown
     python benchmarks/throughput.py --device cpu --n 2 --baseline 1   # smoke test of this script, no GPU
-    python benchmarks/throughput.py --n 16 --baseline 0 --checks fixed   # issue 16's checks off: the process design alone
+    python benchmarks/throughput.py --n 16 --baseline 0 --checks fixed   # the process design alone
 
 What it measures, in a fresh cache directory (so "cold" is cold):
 1. baseline: `evaluate()` one candidate at a time (build inside the evaluation, then timing) — what a
@@ -241,7 +241,7 @@ def one_at_a_time(task, cands, opts, cache) -> tuple[dict, dict]:
 
 class Timeline(LocalBackend):
     """The local backend, recording when each build-slot and timing-slot call ran (seconds since `t0`): where a
-    phase's first verdict waits, on the builds or on the evaluations (BENCHMARKS.md, thirteenth session).
+    phase's first verdict waits, on the builds or on the evaluations (BENCHMARKS.md, 2026-11-28 · 96383b3).
     Only the pool's public backend interface is used, so this script runs against older trees too."""
 
     def __init__(self, cache_dir):
@@ -315,8 +315,8 @@ def main() -> int:
     ap.add_argument("--mode", default="strict", choices=("open", "strict"))
     ap.add_argument("--remeasure-above", type=float, default=3.0, help="0 disables re-measuring big speedups")
     ap.add_argument("--checks", default="full", choices=("full", "fixed"),
-                    help="fixed: the in-process judge's checks (fixed tolerances, no partial trials), to compare the "
-                         "process design alone with a tree from before the calibrated rule")
+                    help="fixed: fixed tolerances and no partial trials (an in-process judge's checks), to "
+                         "measure the process design alone")
     ap.add_argument("--cache-dir", default=None, help="default: a fresh temporary directory (removed after)")
     ap.add_argument("--pch", default="ready", choices=("ready", "auto", "off"),
                     help="precompiled torch/extension.h for main.cpp (kernelcraft/builder/pch.py): ready = made before the "

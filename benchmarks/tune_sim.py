@@ -12,8 +12,9 @@ Design decisions
 - Leave one shape out: the cost model an agent uses for a shape is trained on the other shapes of
   the same template family only, as it would be for a shape never tuned before. Compiled features of
   the held-out shape are used (they cost a compile, not a measurement).
-- Budget: `--budget-share` of the shape's valid configurations (25% by default, the issue's bar),
-  rounded up. Random search is averaged over 200 draws; the other agents over `--seeds` seeds.
+- Budget: `--budget-share` of the shape's valid configurations (25% by default, the tuning target's
+  measurement budget), rounded up. Random search is averaged over 200 draws; the other agents over `--seeds`
+  seeds.
 - The cost model is scored in two settings, both leaving the shape out of training
   (`costmodel.holdout`): with no measurement of the shape (the GEMM study's setting), and calibrated on
   the one measurement the game always makes first, the shape's default configuration (scored on its

@@ -749,7 +749,7 @@ def test_bench_gpu_with_cudagraph_baseline(tmp_path, cache_dir):
     assert s["baselines"]["summary"]["cudagraph"]["correct"] == 2
 
 
-# ---- the bench report's page (issue 21): whole labels, and a baselines-only page that says what it is ---------
+# ---- the bench report's page: whole labels, and a baselines-only page that says what it is ---------
 
 def _summary(baselines_only: bool, n: int = 14) -> dict:
     names = [f"tiny/level{1 + i % 3}/{'fused_' * (i % 4)}task_{i}" for i in range(n)]

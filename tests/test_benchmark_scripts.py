@@ -16,7 +16,7 @@ def test_worker_phases_reports_each_harness_step(tmp_path):
                        env={**os.environ, "KERNELCRAFT_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
-    assert "rep 0: correct" in out and "rep 1: correct" in out, out  # a second rep used to hang on the CPU
+    assert "rep 0: correct" in out and "rep 1: correct" in out, out  # a second rep must not hang on the CPU
     for step in ("trials.run_trials", "rounds.time_candidate", "SideProc.timed", "isolation.freeze", "Acceptance.compare"):
         assert step in out, (step, out)
 
@@ -75,7 +75,7 @@ def test_round_order_splits_rounds_by_which_side_went_first(tmp_path):
 
 def test_precision_envelopes_explains_a_deep_networks_error(tmp_path):
     """benchmarks/precision_envelopes.py on the GPU suite's deep train-mode CNN, on the CPU: exact-ish fp32, a TF32
-    envelope of percents, bf16 several times that, no random ops (BENCHMARKS.md, eleventh session)."""
+    envelope of percents, bf16 several times that, no random ops (BENCHMARKS.md, 2026-11-28 · b9c8bfc)."""
     import json
 
     r = _script(tmp_path, "precision_envelopes.py", str(ROOT / "tests" / "fixtures" / "tasks" / "gpu_deep_bn_cnn.py"),

@@ -33,7 +33,7 @@ def build_dirs(cache: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def cold_and_warm(cache_dir):
     """Evaluate the C++ candidate twice, the first time with no build of it in the cache."""
-    for d in build_dirs(cache_dir):  # an earlier test in this session may have built it: start cold
+    for d in build_dirs(cache_dir):  # an earlier test of this run may have built it: start cold
         shutil.rmtree(d)
     first = evaluate(TASK, CAND, **OPTS)
     second = evaluate(TASK, CAND, **OPTS)

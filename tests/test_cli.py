@@ -1,4 +1,4 @@
-"""The `kernelcraft` command, run as a subprocess, against ../shared/CONTRACT.md:
+"""The `kernelcraft` command, run as a subprocess, against the CLI contract (docs/contract.md):
 `eval ... --json` prints the verdict record as the last stdout line and exits 0 whatever the verdict;
 usage errors exit non-zero with a one-line message; `tasks --json` lists built-in tasks."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """GPU evaluations (all `@pytest.mark.gpu`: skipped without CUDA). Written for one H100; each test runs its own
-worker, and the CUDA builds (nvcc, ~1-2 min cold) are shared through the session cache.
+worker, and the CUDA builds (nvcc, ~1-2 min cold) are shared through the test run's cache.
 
 Fixtures: tests/fixtures/legit/gpu_*.py, tests/fixtures/faults/gpu_*.py, task tests/fixtures/tasks/gpu_add_relu.py.
 Headers as in test_faults.py; a fault may name alternatives (`runtime_error/cuda_error|crashed`).
@@ -202,9 +202,9 @@ def test_device_lock_scope_on_gpu(which, cuda_cold_and_warm):
 
 
 def test_a_deep_train_mode_cnn_compiled_is_correct_and_bf16_is_not(tmp_path):
-    """Issue 16: torch.compile of KernelBench's train-mode ResNet101 and MobileNetV2 was `value_mismatch` on an H100:
-    TF32 convolutions put the reference itself 4-7% from float64, past the 1% beyond which the rule fell back to the
-    fixed 1e-4. The TF32 envelope now calibrates such a reference, with the RMS bound at most 2/3 of the way to a
+    """torch.compile of KernelBench's train-mode ResNet101 and MobileNetV2 on an H100: TF32 convolutions put the
+    reference itself 4-7% from float64, past the 1% beyond which the rule would fall back to the fixed 1e-4 (and read
+    `value_mismatch`). The TF32 envelope calibrates such a reference, with the RMS bound at most 2/3 of the way to a
     bf16 envelope: inductor's honest rewrite is correct, the same network under bf16 autocast is not, and not for
     want of a bound (the network is deep enough for percents, not so deep that bf16 and TF32 blur)."""
     from kernelcraft.bench import baselines

@@ -2,7 +2,7 @@
 
 Run on a CUDA machine with `python -m pytest -m gpu tests/test_gpu_guards.py` (skipped without a GPU; see
 conftest.py). Same header format and assertions as test_guards.py: hacks/gpu_*.py must be denied,
-legit/guard_gpu_*.py must be `correct`. CUDA builds share one extension (kc_guard_cuda_scale_add) per session.
+legit/guard_gpu_*.py must be `correct`. CUDA builds share one extension (kc_guard_cuda_scale_add) per test run.
 """
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ def test_gpu_timing_counts_side_stream_work(cache_dir):
 @pytest.mark.parametrize("fixture", ["hacks/gpu_fp16_softmax.py", "legit/guard_gpu_conv_channels_last.py",
                                      "hacks/gpu_weights_private_copy.py", "legit/guard_gpu_cuda_graph.py"])
 def test_gpu_large_output_paths_keep_the_verdicts(fixture, cache_dir, monkeypatch):
-    """KernelBench's 6-16 GiB tasks (ninth session) on small ones: every output "large" (`side.LARGE_OUTPUT_BYTES`:
-    read in the candidate's arena once the device is idle, one last output per side) and the float64 truth a
-    strided sample (`precision.TRUTH_SAMPLE`). Downgrades and ignored weights are still caught, honest work passes."""
+    """KernelBench's 6-16 GiB tasks (BENCHMARKS.md, 2026-11-26 · 3558e42) on small ones: every output "large"
+    (`side.LARGE_OUTPUT_BYTES`: read in the candidate's arena once the device is idle, one last output per side) and
+    the float64 truth a strided sample (`precision.TRUTH_SAMPLE`). Downgrades and ignored weights are still caught,
+    honest work passes."""
     monkeypatch.setenv("KERNELCRAFT_JUDGE_LARGE_BYTES", "0")
     monkeypatch.setenv("KERNELCRAFT_JUDGE_TRUTH_SAMPLE", "256")
     spec = G.parse_header(G.FIXTURES / fixture)

@@ -282,7 +282,8 @@ def test_fixture_header_is_valid(path: Path):
     compile(path.read_text(), str(path), "exec")
 
 
-# Each numbered cheat of the issue, and the reason code(s) at least one CPU (or GPU) hack fixture must expect.
+# Each class of cheat the judge must catch (numbered), and the reason code(s) at least one CPU (or GPU) hack
+# fixture must expect.
 CHEATS = {
     "1 extra streams": ("gpu", {"extra_stream"}),
     "2 lazy outputs": ("cpu", {"non_tensor_output", "lazy_output"}),
@@ -296,9 +297,9 @@ CHEATS = {
     "10 precision": ("cpu", {"value_mismatch"}),
     "11 reference call": ("cpu", {"reference_call", "no_custom_kernel"}),
     "12 suspicious speedup": ("cpu", {"suspicious_speedup"}),
-    "13 weights ignored (issue 16)": ("cpu", {"weights_ignored"}),
-    "14 module mode changed (issue 16)": ("cpu", {"mode_changed"}),
-    "15 precision hidden from fixed tolerances (issue 16)": ("cpu", {"precision_downgrade"}),
+    "13 weights ignored": ("cpu", {"weights_ignored"}),
+    "14 module mode changed": ("cpu", {"mode_changed"}),
+    "15 precision hidden from fixed tolerances": ("cpu", {"precision_downgrade"}),
 }
 
 

@@ -1,4 +1,4 @@
-"""The stand-in policy of issue 18: its program language, its model's updates, the verdict cache, the experiment's
+"""The stand-in policy: its program language, its model's updates, the verdict cache, the experiment's
 statistics — and (slow) a small experiment against the real CPU judge that must show GRPO raising the held-out
 reward above where GRPO started.
 """
@@ -135,7 +135,7 @@ CI_TASKS = ",".join(f"tiny/level1/{n}" for n in ["relu", "gelu", "softmax", "cum
 
 @pytest.mark.slow
 def test_grpo_raises_the_held_out_reward_on_the_real_judge(tmp_path, cache_dir):
-    """Issue 18's done-when, CI-sized: nine tiny tasks judged by the real CPU judge (each (task, program) once),
+    """Contrastive RL learns here, CI-sized: nine tiny tasks judged by the real CPU judge (each (task, program) once),
     the stand-in trained SFT -> self-training -> GRPO on six, and the mean held-out reward over two seeds
     at the end of GRPO above where GRPO started (BENCHMARKS.md has the full run)."""
     from kernelcraft.train.ablation import experiment

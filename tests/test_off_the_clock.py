@@ -6,7 +6,8 @@
   nothing the candidate made: an attribute planted on an output never runs in the harness.
 - The judge copies each timed output when the call ends; the kernel's CPU accounting of the candidate's process
   tree outside its timed calls is billed (`treecpu`).
-(The attacks themselves are fixtures: tests/fixtures/hacks/v3_*.py, run by test_guards.)
+(The attacks themselves are fixtures run by test_guards: tests/fixtures/hacks/storage_hook_in_null.py,
+zeros_after_trials.py, zeros_when_timed.py.)
 """
 from __future__ import annotations
 

@@ -155,7 +155,7 @@ def test_run_dir_guards(tmp_path, cache_dir):
     assert r.exit_code == 2 and "unknown policy" in " ".join(r.output.split())
 
 
-# -- best.py is a drop-in for a user's trained model (issue 16) ----------------------------------------------------
+# -- best.py is a drop-in for a user's trained model ---------------------------------------------------------------
 SLOW_LINEAR = '''import torch
 import torch.nn as nn
 

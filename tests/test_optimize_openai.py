@@ -156,7 +156,7 @@ def test_missing_key_is_a_configuration_error(monkeypatch):
 
 def test_unreachable_endpoint_fails_fast_naming_its_url(tmp_path, cache_dir):
     """Nothing listens on the port: the preflight stops the run before anything is evaluated, and a request that
-    gets there anyway gives up after a couple of quick retries, naming the URL (issue 21: it was ~20 s, no URL)."""
+    gets there anyway gives up after a couple of quick retries, naming the URL, in a few seconds."""
     import socket
     import time
 

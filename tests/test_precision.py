@@ -1,5 +1,5 @@
 """The calibrated precision rule (judge/correctness/precision.py, judge/correctness/fp64.py), memory-bounded comparison (judge/correctness/compare.py)
-and partial-change trials (judge/correctness/partial.py): issue 16, points 1, 4 and 8. The verdict-level cases are fixtures
+and partial-change trials (judge/correctness/partial.py). The verdict-level cases are fixtures
 (hacks/precision_fp16_softmax.py, hacks/stale_partial_key_cache.py, legit/guard_center_rows_split_mean.py,
 legit/guard_softmax_manual.py, legit/guard_full_key_memo.py, run by test_guards); here: the same candidates under
 the fixed rule (what the calibrated rule changes), the rule's cases on synthetic outputs, and the building blocks.
@@ -245,7 +245,7 @@ def test_acceptance_judges_a_small_output_at_its_own_scale():
     res, rule = _judge(ref, other, truth, trials=2)
     assert res.ok, res.message
     zeros = torch.zeros_like(ref)
-    assert compare_outputs(ref, zeros).ok  # the door: the fixed rule at this scale
+    assert compare_outputs(ref, zeros).ok  # the hole: the fixed rule passes zeros at this scale
     accepted = rule.acceptance(None, None)
     assert accepted.compare(ref, other).ok
     bad = accepted.compare(ref, zeros)
@@ -256,7 +256,7 @@ def test_acceptance_judges_a_small_output_at_its_own_scale():
     assert not rule.trial(ref, zeros, None, compare_outputs(ref, zeros), None, None).ok
 
 
-def test_fixed_protocol_is_todays_rule():
+def test_fixed_precision_is_the_plain_tolerance_check():
     x, w, truth = _conv_case()
     ref = torch.nn.functional.conv2d(x, w)
     cand = ref * (1 + 1e-5)
@@ -314,7 +314,7 @@ class _SampledReference:
 
 
 def test_large_outputs_pool_a_secret_strided_sample_of_the_truth(monkeypatch):
-    """Issue 16, point 4: above TRUTH_SAMPLE elements the float64 truth is a strided sample (the judge's memory stays
+    """Above TRUTH_SAMPLE elements the float64 truth is a strided sample (the judge's memory stays
     small), from a start drawn every trial; the rule still accepts honest fp32 and rejects fp16."""
     monkeypatch.setattr(precision, "TRUTH_SAMPLE", 500)
     torch.manual_seed(0)
@@ -500,13 +500,13 @@ def _peak_bytes(log2n: int) -> int:
 
 def test_comparison_peak_memory_does_not_grow_with_the_output():
     """Peak extra memory (the process's max RSS) of comparing two fp32 outputs of 32 MiB and of 128 MiB: the
-    chunked comparison's peak is a constant (its chunks), not a multiple of the output. The old code made float64
-    copies of both, masks and gathered copies: its peak grew by ~16x the output's size (measured: 16.8x at 128 MiB),
+    chunked comparison's peak is a constant (its chunks), not a multiple of the output. A comparison that makes
+    float64 copies of both, masks and gathered copies peaks at ~16x the output's size (measured: 16.8x at 128 MiB),
     so a 4 GiB output could not be judged on an 80 GB GPU."""
     small, big = _peak_bytes(23), _peak_bytes(25)
     out_small, out_big = 4 << 23, 4 << 25
     # alone this grows by ~0; under a loaded host max RSS picked up ~0.6x once (allocator timing), so the bound is
-    # one output's size: still 16x below the old code's growth, which it exists to catch
+    # one output's size: still 16x below the growth of a comparison with full float64 copies, which it exists to catch
     assert big - small < 1.0 * (out_big - out_small), (small, big)
     assert big < out_big, big
 
@@ -602,7 +602,7 @@ def test_the_envelope_accepts_a_tf32_convolution_under_an_fp32_reference_but_not
         return rule.final(), rule
 
     res, _ = judge(tf32, None)
-    assert not res.ok  # the reference's own error alone: rejected, as before
+    assert not res.ok  # the reference's own error alone, without the envelope: rejected
     res, rule = judge(tf32, env)
     assert res.ok, res.message
     assert rule.record()["envelope_err"] > 10 * rule.record()["ref_err"]
@@ -677,8 +677,8 @@ def _judge_deep(candidate_mode, net=None, trials=3, reference_bits=10):
 
 def test_a_deep_tf32_reference_is_calibrated_between_its_tf32_and_bf16_envelopes(monkeypatch):
     """KernelBench's train-mode ResNet101 and MobileNetV2 on an H100: TF32 convolutions alone put the reference 4-7%
-    of its output's RMS from float64 (0.01% with TF32 off), so the fixed rule was all that was left, and
-    torch.compile's honest rewrite failed it. The TF32 envelope explains that error, so it calibrates; but 6x of it
+    of its output's RMS from float64 (0.01% with TF32 off), so without an envelope only the fixed rule is left, and
+    torch.compile's honest rewrite fails it. The TF32 envelope explains that error, so it calibrates; but 6x of it
     reaches bf16 (2-4x TF32 there), so the RMS bound sits 2/3 of the way to the bf16 envelope: another TF32
     algorithm passes, bf16 does not."""
     assert fp64.COARSE_ABOVE <= precision.CAP / precision.ENVELOPE_EXPLAINS  # the side measures bf16 where needed
@@ -697,7 +697,7 @@ def test_a_deep_tf32_reference_is_calibrated_between_its_tf32_and_bf16_envelopes
         m = _deep_net()
         fresh, stale = m(torch.randn(2, 3, 4, 4, generator=g)), m(torch.randn(2, 3, 4, 4, generator=g))
     assert not accepted.compare(fresh, stale).ok
-    # without bf16's envelope (the side could not measure it) the rule cannot place a bound: the fixed rule, as before
+    # without bf16's envelope (the side could not measure it) the rule cannot place a bound: the fixed rule
     monkeypatch.setattr(fp64, "COARSE_ABOVE", math.inf)
     res, rule = _judge_deep(_RoundConvolutions(10, truncate=True))
     assert not res.ok and rule.record()["rule"] == "fixed" and "ill-conditioned" in rule.record()["rule_note"]
@@ -706,10 +706,10 @@ def test_a_deep_tf32_reference_is_calibrated_between_its_tf32_and_bf16_envelopes
 
 
 def test_a_deep_reference_that_cudnn_ran_in_full_fp32_still_caps_the_bound_below_bf16():
-    """The GPU suite's deep train-mode CNN once judged bf16 autocast `correct`: where cuDNN picks full-fp32 kernels for
-    the reference, its own error is tiny, so the bound was 6x the TF32 envelope (percents here), past bf16's. The cap
-    2/3 of the way to the bf16 envelope now holds wherever that envelope was measured, noisy reference or not: a TF32
-    algorithm still passes, bf16 does not."""
+    """The GPU suite's deep train-mode CNN under bf16 autocast: where cuDNN picks full-fp32 kernels for the reference,
+    its own error is tiny, and a bound of 6x the TF32 envelope (percents here) would pass bf16. The cap 2/3 of the way
+    to the bf16 envelope holds wherever that envelope was measured, noisy reference or not: a TF32 algorithm passes,
+    bf16 does not."""
     res, rule = _judge_deep(_RoundConvolutions(10, truncate=True), reference_bits=None)
     o = rule.outputs[0]
     e = o.errors()
@@ -733,7 +733,7 @@ def _deep_output(truncate: bool) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("errors, why", [
-    (dict(sq_r=1e-6, random=3), ""),  # random draws that change little: calibrated as before
+    (dict(sq_r=1e-6, random=3), ""),  # random draws that change little: calibrated
     (dict(sq_r=0.09, random=3), "random numbers"),  # dropout in train mode
     (dict(sq_r=0.0025), "nondeterministic or ill-conditioned"),  # no envelope to explain 5%
     (dict(sq_r=0.0025, sq_e=0.0001 * 100, n_e=100), "nondeterministic or ill-conditioned"),  # envelope 1%: 5% is more
@@ -809,7 +809,7 @@ def test_a_tf32_reference_judged_without_truth_is_held_to_tf32s_fixed_bound():
     assert not res.ok and res.reasons == ["value_mismatch"]  # no truth for want of memory: not the reference's fault
     assert "atol=0.00390625" in res.message, res.message  # the message quotes the bound that judged,
     assert res.atol == res.rtol == precision.TF32_FIXED  # and so does the record
-    res, rule = judge(tf32, False)  # no convolutions in TF32: the fixed rule as before
+    res, rule = judge(tf32, False)  # no convolutions in TF32: the fixed rule
     assert not res.ok and rule.acceptance(None, None).bounds[0] == Bound("fixed", 1e-4, 1e-4)
     # with truth but no TF32 envelope (its second float64 call failed), the timed rounds get TF32's bound too
     _, _, truth = _conv_case()

@@ -34,7 +34,7 @@ def test_bad_values_and_unknown_knobs_name_themselves():
         Protocol.make(trails=3)
     with pytest.raises(ProtocolError, match="mode"):
         Protocol.make(mode="lenient")
-    assert issubclass(ProtocolError, ValueError)  # the caller's bug, as every bad option was
+    assert issubclass(ProtocolError, ValueError)  # the caller's bug, as every bad option is
 
 
 def test_a_zero_timing_budget_is_refused_by_every_entry_point():
@@ -114,7 +114,7 @@ def test_cli_spells_each_knob_once_and_keeps_old_spellings(tmp_path):
         text = _kc(cmd, "--help").stdout
         for flag in ("--time-budget", "--trials", "--mode", "--timeout", "--remeasure-above"):
             assert flag in text, (cmd, flag)
-        assert "--eval-time" not in text  # the old spelling works but is not advertised
+        assert "--eval-time" not in text  # an alias that works but is not advertised
 
 
 def test_an_optimize_run_refuses_a_resume_under_other_rules(tmp_path):

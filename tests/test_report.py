@@ -115,7 +115,7 @@ def _png_stats(path):
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-# ---- one story, told the same everywhere (issue 21) ---------------------------------------------------------
+# ---- one story, told the same everywhere --------------------------------------------------------------------
 # The search measured #1 at 2.49x, #2 at 1.80x, #3 at 2.20x and #4 at 1.70x; the confirmations in a fresh worker
 # gave #1 1.40x, #2 1.63x and #3 nothing faster (not reproduced); #4 was never re-timed. The confirmed best is
 # #2 at 1.63x: the headline, the leaderboard's first row and the end of the "best so far" line must all say so.

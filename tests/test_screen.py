@@ -204,7 +204,7 @@ void split_lines(
                                       "split_lines"]
 
 
-# -- a screen that reads values (issue 16): no change is not tampering; real changes stay rejected ---------------
+# -- a screen that reads values: no change is not tampering; real changes stay rejected ---------------
 @pytest.mark.parametrize("src", [
     "import torch\ntorch.backends.cudnn.deterministic = False\n",
     "import torch\ntorch.backends.cudnn.allow_tf32 = True\n",

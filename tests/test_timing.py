@@ -137,9 +137,9 @@ def null_pair(ref_ms: float, cand_ms: float):
 
 def test_the_candidate_is_billed_its_own_null_where_it_is_the_smaller():
     """A candidate process whose round trip costs 0.5 ms where the reference's costs 1 ms (a quieter core: the GPU's
-    52x outlier of the twelfth session) does 0.5 ms of work against the reference's 2 ms: 4x. With the reference's
-    null subtracted from both it read 1.0 - 1.0 = the resolution floor, 40x. A candidate that slows its own null
-    (3 ms) gains nothing: the larger null is never subtracted from it."""
+    52x outlier in BENCHMARKS.md, 2026-11-28 · f34fff3) does 0.5 ms of work against the reference's 2 ms: 4x. With
+    the reference's null subtracted from both it would read 1.0 - 1.0 = the resolution floor, 40x. A candidate that
+    slows its own null (3 ms) gains nothing: the larger null is never subtracted from it."""
     honest = timing.measure(timed(lambda: spin(3.0)), timed(lambda: spin(1.0)), null_pair(1.0, 0.5), no_round,
                             no_round, budget_s=3.0, target=0.03, min_rounds=10, warmup_s=0.02, seed=4)
     assert 3.0 < honest.speedup < 5.5, honest

@@ -1,5 +1,6 @@
-"""Judge v2's building blocks, each on its own: the seccomp filter, freezing, audits, arenas, the wire — and the
-record a verdict carries. (The attacks themselves are fixtures: tests/fixtures/hacks/v2_*.py, run by test_guards.)
+"""The process isolation's building blocks, each on its own: the seccomp filter, freezing, audits, arenas, the
+wire, the PID namespace — and the record a verdict carries. (The attacks themselves are hack fixtures,
+tests/fixtures/hacks/*.py, run by test_guards.)
 """
 from __future__ import annotations
 
@@ -472,7 +473,7 @@ def _nspid(pid: int) -> list[str]:
 
 def test_candidate_side_lives_in_a_pid_namespace_of_its_own(tmp_path):
     """A candidate side from the forker: the second process of a PID namespace whose pid 1 is the forker's init, the
-    judge's child all the same (frozen and thawed as before); inside, /proc shows that namespace only and no pid
+    judge's child all the same (frozen and thawed like any side); inside, /proc shows that namespace only and no pid
     of the judge names anything; an orphan it leaves is adopted by the init, where the audit sees it; ending the
     side ends the namespace."""
     from kernelcraft.judge.process.forker import Forker
