@@ -1,7 +1,7 @@
 """On how many tasks of a KernelBench-layout directory each `recipes` rewrite rule applies (static: no GPU, no timing).
 
 Usage: PYTHONPATH=$PWD python3 benchmarks/rule_coverage.py [DIR ...] [--json out.json] [--markdown]
-       (default DIR: level1 level2 level3 of the nearest shared/datasets/kernelbench above the checkout)
+       (default DIR: level1 level2 level3 of $KERNELCRAFT_DATASETS/kernelbench)
 
 Each task is traced exactly as the `recipes` policy's analysis does it (`search/recipes/rewrite.py`: the model
 and its inputs built on the `meta` device, `torch.fx.symbolic_trace`, shapes from `ShapeProp`), and
@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_KB = next((p / "shared" / "datasets" / "kernelbench" for p in ROOT.parents
-            if (p / "shared" / "datasets" / "kernelbench").is_dir()), ROOT.parent / "shared" / "datasets" / "kernelbench")
-DEFAULT = [_KB / f"level{i}" for i in (1, 2, 3)]  # ../shared from the main checkout, ../../shared from a worktree
+_DATASETS = os.environ.get("KERNELCRAFT_DATASETS")
+DEFAULT = [Path(_DATASETS) / "kernelbench" / f"level{i}" for i in (1, 2, 3)] if _DATASETS else []
 
 
 def _timeout(signum, frame):
@@ -53,6 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write every task's rules here")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args(argv)
+    if not args.dirs:
+        ap.error("name the KernelBench level directories, or set KERNELCRAFT_DATASETS")
     import torch
 
     from kernelcraft.search.recipes.rewrite import RULE_ORDER

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 TASKS_FILE = Path(__file__).with_name("tune_tasks.json")
-KB = Path(os.environ.get("KERNELBENCH", ROOT.parent / "shared" / "datasets" / "kernelbench"))
+KB = Path(os.environ.get("KERNELCRAFT_DATASETS", "datasets")) / "kernelbench"  # KernelBench files named in SHAPES
 SHAPES = [  # (name, suite task or KernelBench file); GEMM and row shapes interleaved: a cut-off run keeps both
     ("suite/matmul_square", "gpu/level1/matmul_square"),
     ("suite/softmax", "gpu/level1/softmax"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from kernelcraft.train.data import build_dataset, is_heldout, load_examples, tas
 from kernelcraft.train.models import TrainError
 
 RELU, GELU, SOFTMAX = (load_task(f"tiny/level1/{n}") for n in ("relu", "gelu", "softmax"))
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "cuda_l1"
+SHARED = Path(os.environ.get("KERNELCRAFT_DATASETS", "/nonexistent")) / "cuda_l1"
 
 
 def cand(expr: str, comment: str = "") -> str:
@@ -153,7 +154,7 @@ def test_held_out_tasks_never_leak_into_train(tmp_path):
     assert card["splits"]["train"]["examples"] + card["splits"]["heldout"]["examples"] == 18
 
 
-@pytest.mark.skipif(not (SHARED / "h100.jsonl").is_file(), reason="shared/datasets/cuda_l1 not beside the repo")
+@pytest.mark.skipif(not (SHARED / "h100.jsonl").is_file(), reason="CUDA-L1's kernels: set KERNELCRAFT_DATASETS")
 def test_cuda_l1_rows_without_our_verdicts_do_not_enter(tmp_path):
     cfg = config(tmp_path, pairs=[{"path": str(SHARED / "h100.jsonl")}])
     card = build_dataset(cfg)
@@ -185,3 +186,12 @@ def test_config_errors_name_the_key(tmp_path):
     cfg = load_config(tmp_path / "sub" / "ok.yaml")
     assert cfg.out_dir == tmp_path / "sub" / "run"  # relative to the config file
     assert cfg.service.options == {"time_budget_s": 0.2, "device": "cpu"}
+
+
+def test_config_paths_expand_environment_variables_and_name_an_unset_one(tmp_path, monkeypatch):
+    cfg = parse_config({"out": "$KC_TEST_RUNS/run", "model": {"path": "m"}, "base_dir": str(tmp_path)})
+    monkeypatch.setenv("KC_TEST_RUNS", str(tmp_path / "runs"))
+    assert cfg.out_dir == tmp_path / "runs" / "run"
+    monkeypatch.delenv("KC_TEST_RUNS")
+    with pytest.raises(ConfigError, match="KC_TEST_RUNS is not set"):
+        cfg.out_dir

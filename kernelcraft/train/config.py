@@ -9,6 +9,7 @@ Rationale: docs/design/train.md#config
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -193,7 +194,12 @@ class TrainConfig(_Section):
         return self
 
     def path(self, p: str) -> Path:
-        q = Path(os.path.expanduser(p))
+        """`p` with `~` and `$VARS` expanded, relative to the config's directory; an unset variable is an error."""
+        expanded = os.path.expandvars(os.path.expanduser(p))
+        unset = re.search(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
+        if unset:
+            raise ConfigError(f"{p}: the environment variable {unset.group(1)} is not set")
+        q = Path(expanded)
         return q if q.is_absolute() else Path(self.base_dir) / q
 
     @property
