@@ -2,5 +2,5 @@
 and the reference into ModelNew source, `rewrite` traces the reference and applies the FX algebraic rewrites
 (`fxrules`, `simplify`, `reductions`, `activations`, `poollinear`, `convreduce`) and `tritonfuse` the Triton
 elementwise fusion; `tunable`, `tunematch` and `tunetemplates` hold the tunable Triton templates.
-Rationale: docs/design/search.md#policy
+Rationale: docs/design/recipes.md#policy
 """

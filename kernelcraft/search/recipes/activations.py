@@ -3,7 +3,7 @@ silu(x), x*tanh(softplus(x)) -> mish(x), x*clamp((x+3)/6, 0, 1) -> hardswish(x).
 
 Rule `fuse_activation`, same contract as `simplify`. The gate must have no other reader and take the very
 node it multiplies; softplus only with its defaults.
-Rationale: docs/design/search.md#activations
+Rationale: docs/design/recipes.md#activations
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Exact in real arithmetic: the input is summed per kernel tap, then contracted with the weights. The helper
 `_kc_conv_reduce` travels with the candidate (`_kc_source`) and reads every size and the weights at run time.
-Rationale: docs/design/search.md#convreduce
+Rationale: docs/design/recipes.md#convreduce
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _helper():
 
 
 def _conv(gm, n):
-    """(module, transposed) for a matched convolution node (docs/design/search.md#convreduce), else None."""
+    """(module, transposed) for a matched convolution node (docs/design/recipes.md#convreduce), else None."""
     mod = _module(gm, n)
     kind = _conv_kind(mod) if mod is not None else None
     if kind is None or len(n.args) != 1 or n.kwargs:

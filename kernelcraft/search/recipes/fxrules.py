@@ -3,7 +3,7 @@
 Each rule mutates a shape-propagated `torch.fx.GraphModule` in place and returns True when it changed
 something. Exact up to floating-point reassociation; a rule that needs shapes does nothing without them.
 Rules: `diag_matmul`, `reduce_linear`, `fold_scalars`, `dead_code`, `inplace`.
-Rationale: docs/design/search.md#fxrules
+Rationale: docs/design/recipes.md#fxrules
 """
 from __future__ import annotations
 

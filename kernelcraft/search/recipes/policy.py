@@ -5,7 +5,7 @@ A recipe is a set of tokens (`rewrite:RULE`, `triton`, `compile:MODE`, `cudagrap
 reference and device are offered, and `valid` excludes conflicting ones. Proposals are scored by an additive
 model driven by the contrastive exemplars; a token that failed alone is not used again. Strict mode is refused.
 `thread_safe`: the only state kept is each reference's analysis, under a lock.
-Rationale: docs/design/search.md#policy
+Rationale: docs/design/recipes.md#policy
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _unreproduced(row) -> bool:
 
 class RecipesPolicy:
     name = "recipes"
-    thread_safe = True  # see docs/design/search.md#policy
+    thread_safe = True  # see docs/design/recipes.md#policy
 
     def __init__(self, *, analysis: rewrite.Analysis | None = None, skip=(), **_):
         """`skip`: tokens or token prefixes never to use (e.g. "compile" on a slow CPU). `analysis`: the one to
@@ -236,7 +236,7 @@ class RecipesPolicy:
 
     def composite(self, usable: list[str], ctx: Context) -> frozenset | None:
         """The largest rendered rewrite set, then compile:default, cudagraph and (2-D conv nets) channels_last, each
-        kept only if the recipe stays valid (docs/design/search.md#policy); None when that is fewer than two tokens."""
+        kept only if the recipe stays valid (docs/design/recipes.md#policy); None when that is fewer than two tokens."""
         prior = PRIORS[ctx.device.kind]
         compiled = "compile:default" in usable
         subsets = [frozenset(f"rewrite:{r}" for r in key.split("+")) for key in self.analysis(ctx).variants if key]

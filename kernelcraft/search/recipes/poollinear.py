@@ -2,7 +2,7 @@
 
 Exact in real arithmetic; the weights are pooled at every call (never folded at construction) and sizes are
 read at run time, so the state_dict is the reference's and the perturbed-weights check still holds.
-Rationale: docs/design/search.md#poollinear
+Rationale: docs/design/recipes.md#poollinear
 """
 from __future__ import annotations
 

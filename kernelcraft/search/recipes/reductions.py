@@ -3,7 +3,7 @@ that shrink their input, consecutive pools merged.
 
 Same contract and exactness as `simplify`. Rules: `size1_reduce`, `sink_pointwise`, `pool_merge`; a move that
 shrinks nothing is not made, and a reduction whose indices are read is left alone.
-Rationale: docs/design/search.md#reductions
+Rationale: docs/design/recipes.md#reductions
 """
 from __future__ import annotations
 

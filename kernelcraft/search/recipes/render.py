@@ -3,7 +3,7 @@
 The candidate is standalone Python that embeds the reference unchanged and subclasses its `Model` (same
 parameters, same signatures). Backend flags are restored in `finally`; a manual CUDA graph returns a clone of
 its static output.
-Rationale: docs/design/search.md#render
+Rationale: docs/design/recipes.md#render
 """
 from __future__ import annotations
 

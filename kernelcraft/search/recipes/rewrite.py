@@ -3,7 +3,7 @@
 The reference is traced in a subprocess (`python -m kernelcraft.search.recipes.rewrite`) on the `meta`
 device, never in the caller. Only rules that change this reference's graph are offered; the rule subsets
 (with and without Triton fusion) are rendered once, in `RULE_ORDER`, as standalone source.
-Rationale: docs/design/search.md#rewrite
+Rationale: docs/design/recipes.md#rewrite
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def variant_key(rules) -> str:
 
 
 def analyze(source: str, *, timeout_s: float = 180.0) -> Analysis:
-    """Trace the reference in a subprocess and render every applicable rewrite (see docs/design/search.md#rewrite)."""
+    """Trace the reference in a subprocess and render every applicable rewrite (see docs/design/recipes.md#rewrite)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
@@ -211,7 +211,7 @@ def _features(model, gm, inputs) -> dict:
 
 
 def applicable_rules(model, inputs, base=None) -> list[str]:
-    """Rules that change this graph alone or after the applicable ones before them (see docs/design/search.md#rewrite).
+    """Rules that change this graph alone or after the applicable ones before them (see docs/design/recipes.md#rewrite).
     `base`: the reference already traced and shape-propagated (copied, never changed)."""
     base = base if base is not None else _trace(model, inputs)
     alone = set()

@@ -4,7 +4,7 @@
 Same contract as `fxrules`; exact in real arithmetic, never a dtype change, no sizes baked into the output;
 parameters and buffers are never folded, and a replacement never hands back a caller-owned tensor where the
 reference returned a fresh one. Rules: `identities`, `clamp_chain`.
-Rationale: docs/design/search.md#simplify
+Rationale: docs/design/recipes.md#simplify
 """
 from __future__ import annotations
 

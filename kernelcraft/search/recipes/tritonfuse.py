@@ -3,7 +3,7 @@
 A region (at least two ops, one floating dtype, rank <= 4, scalar constants only) becomes a kernel that reads
 each input once and writes once; arithmetic in fp32, NaNs propagated like PyTorch's. Output is source text;
 the graph is changed in place to call the launchers.
-Rationale: docs/design/search.md#tritonfuse
+Rationale: docs/design/recipes.md#tritonfuse
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Two families (`gemm`, `rownorm`); every knob an ordered tuple of values; `valid` masks configurations that
 cannot compile or run well on a Hopper GPU (an estimate). Pure data and arithmetic: nothing here imports
 torch or triton. `lookup_config` reads tuned configurations (the user's store, then the shipped one).
-Rationale: docs/design/search.md#tunable
+Rationale: docs/design/recipes.md#tunable
 """
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ def record_tuned(kernel: Kernel, shape: dict, config: dict, *, ms: float, gpu: s
 
 
 def lookup_config(kernel: Kernel, shape: dict, *, paths=None) -> tuple[dict, str]:
-    """(configuration, where it came from) for `kernel` at `shape` (docs/design/search.md#tunable)."""
+    """(configuration, where it came from) for `kernel` at `shape` (docs/design/recipes.md#tunable)."""
     paths = [tuned_store_path(), BUILTIN_STORE] if paths is None else [Path(p) for p in paths]
     keys = SHAPE_KEYS[kernel.kind]
     best, best_d, origin = None, math.inf, "default"

@@ -2,7 +2,7 @@
 
 A match must cover the whole forward; anything unrecognised means no match, never a guess. Bindings are
 source expressions over forward's parameters and `self.<attribute path>`.
-Rationale: docs/design/search.md#tunematch
+Rationale: docs/design/recipes.md#tunematch
 """
 from __future__ import annotations
 

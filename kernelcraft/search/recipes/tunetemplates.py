@@ -3,7 +3,7 @@
 The same source text is imported by the schedule game and embedded in the candidate, so what was tuned is
 what is judged. Every launcher is split: `*_launch(...)` computes grid, arguments and options from shapes
 and strides only (meta tensors work), the caller launches.
-Rationale: docs/design/search.md#tunetemplates
+Rationale: docs/design/recipes.md#tunetemplates
 """
 from __future__ import annotations
 
