@@ -5,9 +5,9 @@ Design decisions
   candidates are the usual suspects (a worker, server or thread a test left running), the host the other.
   For every test this records the CPU seconds of processes that were alive before the test began (the
   pytest process itself excluded: it is the test) and the machine's steal time, from /proc; nothing else.
-- It reports, it never fails a test: the terminal summary lists the tests during which leftovers used more
-  than `THRESHOLD_S` or the host stole more than that, failed tests first, with the busiest processes'
-  command lines. Processes a test rightly shares with earlier ones (the worker zygote, warm judges) count
+- It reports, it never fails a test, and only on failed tests: the terminal summary lists the failed tests
+  during which leftovers used more than `THRESHOLD_S` or the host stole more than that, with the busiest
+  processes' command lines. A run where every test passed prints nothing. Processes a test rightly shares with earlier ones (the worker zygote, warm judges) count
   too: the list is a lead to read, not a verdict. A flaky timing failure in CI then says whether it was load, and whose.
 - Linux only (/proc); elsewhere it does nothing.
 """
@@ -74,14 +74,13 @@ class CpuWatch:
             self.failed.add(report.nodeid)
 
     def pytest_terminal_summary(self, terminalreporter):
-        if not self.seen:
+        rows = sorted((s for s in self.seen if s[0] in self.failed), key=lambda s: -s[1] - s[2])
+        if not rows:
             return
-        rows = sorted(self.seen, key=lambda s: (s[0] not in self.failed, -s[1] - s[2]))
         tr = terminalreporter
-        tr.section("CPU used by processes older than the test (cpu_watch)")
+        tr.section("CPU used by processes older than the failed test (cpu_watch)")
         for nodeid, others, steal, busy in rows[:15]:
-            mark = "FAILED " if nodeid in self.failed else ""
-            tr.write_line(f"{mark}{nodeid}: older processes {others:.1f} s, host steal {steal:.1f} s")
+            tr.write_line(f"FAILED {nodeid}: older processes {others:.1f} s, host steal {steal:.1f} s")
             for sec, pid, cmd in busy:
                 tr.write_line(f"    {sec:6.1f} s  pid {pid}  {cmd}")
 

@@ -23,7 +23,6 @@ P_VALUES = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 P_KEYS = tuple(f"{p:g}" for p in P_VALUES)  # "0", "0.5", "0.8", "1", "1.5", "2"
 
 
-
 def geomean(xs) -> float | None:
     xs = [x for x in xs if x is not None and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
@@ -60,8 +59,52 @@ def geomean_ci(rows: list[dict], ok: list[dict], key: str) -> list[float] | None
     return [math.exp(mean - half), math.exp(mean + half)]
 
 
+FAILED_STATUSES = ("compile_error", "runtime_error", "timeout")
+# what a scored item came to, in the order a headline counts them (`outcome`)
+OUTCOMES = ("faster", "not_faster", "incorrect", "rejected", "failed", "no_candidate")
+OUTCOME_WORDS = {"faster": "faster", "not_faster": "correct, not faster", "incorrect": "incorrect",
+                 "rejected": "rejected", "failed": "failed", "no_candidate": "without a candidate"}
+OUTCOME_MEANING = {
+    "faster": "correct, and the speedup's 95% CI lies above 1x",
+    "not_faster": "correct, but the speedup's 95% CI reaches 1x or below; with optimize: correct candidates were "
+                  "found but none verified faster, so no best.py was written and the reference stays (scored as a "
+                  "failure, 1.0x)",
+    "incorrect": "outputs outside tolerance (with optimize: no correct candidate, some of them incorrect)",
+    "rejected": "a guard rejected it (a shortcut such as a cached output or a patched timer, or a speedup that did "
+                "not reproduce; its reason names which): a failure",
+    "failed": "build error, runtime error or timeout (with optimize: no candidate got as far as a wrong output)",
+    "no_candidate": "no candidate file for this task",
+}
+
+
+def outcome(rec: dict) -> str | None:
+    """What a bench verdict record came to, one of `OUTCOMES`; None for what is not scored (input errors, tasks
+    judged for their baselines only). `faster` needs the 95% CI's lower end above 1 (a correct verdict without an
+    interval is `not_faster`). A `no_candidate` record of an optimize run says why through `optimize.status`: correct
+    candidates none of which was verified faster (`not_faster`), or none correct (`incorrect` when one of them was,
+    `rejected` when one was caught, else `failed`)."""
+    status = rec.get("status")
+    if status in ("input_error", "not_evaluated"):
+        return None
+    if status == "correct":
+        ci = (rec.get("timing") or {}).get("ci95") or rec.get("ci95")
+        return "faster" if ci and ci[0] is not None and ci[0] > 1.0 else "not_faster"
+    if status in ("incorrect", "rejected"):
+        return status
+    if status == "no_candidate":
+        opt = rec.get("optimize") or {}
+        if opt.get("status") == "no_improvement" or opt.get("correct"):
+            return "not_faster"
+        if opt.get("status") == "no_correct":
+            seen = opt.get("statuses") or {}
+            return "incorrect" if seen.get("incorrect") else "rejected" if seen.get("rejected") else "failed"
+        return "no_candidate"
+    return "failed"
+
+
 def metrics(rows: list[dict], *, vs_compile: bool = False) -> dict:
-    """Metrics over rows {correct: bool, speedup: float|None[, speedup_vs_compile, ci95]} (docs/design/bench.md#metrics)."""
+    """Metrics over rows {correct: bool, speedup: float|None[, speedup_vs_compile, ci95, outcome]}
+    (docs/design/bench.md#metrics); `outcomes` counts the rows' `outcome` where they carry one (candidates, not baselines)."""
     n = len(rows)
     ok = [r for r in rows if r["correct"] and r.get("speedup") is not None]
 
@@ -80,6 +123,8 @@ def metrics(rows: list[dict], *, vs_compile: bool = False) -> dict:
 
     m = {"tasks": n, "correct": len(ok), "correct_rate": len(ok) / n if n else None,
          "unverifiable": sum(UNVERIFIABLE in (r.get("reasons") or []) for r in rows), **block("speedup", "")}
+    if any("outcome" in r for r in rows):
+        m["outcomes"] = {k: sum(r.get("outcome") == k for r in rows) for k in OUTCOMES}
     if vs_compile:
         m.update(block("speedup_vs_compile", "_vs_compile"))
     return m
@@ -143,12 +188,14 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
                      "cand_ms": (rec.get("timing") or {}).get("cand_ms"),
                      "best_compile": best_c[0] if compile_names else None,
                      "baselines": {b: {"status": bs[b].get("status"), "speedup": bs[b].get("speedup")} for b in bs},
-                     "message": first_line(rec.get("message")), "key": it.key})
+                     "outcome": outcome(rec), "message": first_line(rec.get("message")), "key": it.key})
     with_compile = bool(compile_names)
     scored = not opts.baselines_only
     m = metrics(rows, vs_compile=with_compile) if scored else {
         "tasks": len({it.task.sha256 for it in items if it.task is not None and it.error is None}), "correct": None,
-        "fast_p": None, "geomean_speedup": None, "median_speedup": None}
+        "fast_p": None, "geomean_speedup": None, "median_speedup": None, "outcomes": None}
+    if scored and not rows:
+        m["outcomes"] = {k: 0 for k in OUTCOMES}
     if scored and not with_compile:
         m.update({"fast_p_vs_compile": None, "geomean_speedup_vs_compile": None, "median_speedup_vs_compile": None,
                   "fast_p_vs_compile_range": None, "geomean_speedup_vs_compile_ci95": None})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from kernelcraft.bench.metrics import OUTCOME_MEANING, OUTCOME_WORDS, OUTCOMES
 from kernelcraft.search.report import _CSS, _e, log_grid
 
 _CSS_BENCH = "th.num{text-align:right}"
@@ -141,7 +142,8 @@ def _fast_table(summary: dict) -> str:
     keys = list((summary.get("fast_p") or {}).keys())
     if not keys:
         return ""
-    head = "".join(f"<th class='num'>fast<sub>{_e(k)}</sub></th>" for k in keys)
+    head = "".join(f"<th class='num' title='{_e(f'correct with a speedup above {k}x (point estimate), share of all tasks')}'>"
+                   f"fast<sub>{_e(k)}</sub></th>" for k in keys)
     rows = [("all tasks, vs eager", summary, "")]
     if summary.get("fast_p_vs_compile"):
         rows.append(("all tasks, vs best torch.compile", summary, "_vs_compile"))
@@ -207,6 +209,8 @@ def _items_table(summary: dict) -> str:
     for r in summary.get("items") or []:
         cls = STATUS_CLASS.get(r["status"], "warn")
         reasons = f" <span class='muted'>({_e(', '.join(r['reasons']))})</span>" if r["reasons"] else ""
+        if r.get("outcome") in ("faster", "not_faster"):  # the headline's word for it
+            reasons += f" <span class='muted'>· {_e(OUTCOME_WORDS[r['outcome']])}</span>"
         ci = r.get("ci95")
         cells = []
         for b in names:
@@ -265,28 +269,49 @@ def _time(s: dict) -> str:
             "over every invocation" + (f"; {now}" if now else ""))
 
 
+OUTCOME_CLASS = {"faster": "ok", "not_faster": "warn", "incorrect": "bad", "rejected": "bad", "failed": "bad",
+                 "no_candidate": "warn"}
+FAST_P_TIP = ("fast_p: the share of all scored tasks whose candidate is correct with a speedup above p, by the point "
+              "estimate (fast_1 can count a task whose 95% CI reaches below 1; fast_0 is the share correct); the "
+              "small [lo–hi] is what the per-task CIs allow")
+
+
+def _outcome_legend(s: dict) -> str:
+    """What each headline outcome means, the ones on the page."""
+    o = s.get("outcomes") or {}
+    keys = [k for k in OUTCOMES if o.get(k) or k not in ("rejected", "no_candidate")]
+    return ("<dl id='outcomes' class='muted' style='font-size:12px'>"
+            + "".join(f"<dt><b>{_e(OUTCOME_WORDS[k])}</b></dt><dd>{_e(OUTCOME_MEANING[k])}</dd>" for k in keys)
+            + "</dl>")
+
+
 def render(summary: dict) -> str:
     s = summary
     scored = not s.get("baselines_only")
     b = s.get("baselines") or {}
-    cards = [("tasks", s.get("tasks"))]
+    cards = [("tasks", s.get("tasks"), "tasks scored (input errors are not)")]
     if scored:
         fp = s.get("fast_p") or {}
-        cards += [("correct", (f"{s.get('correct')} <span class='muted' style='font-size:12px'>"
-                   f"({_pct(s.get('correct_rate'))})</span>")),
-                  ("fast<sub>1</sub> vs eager", _pct(fp.get("1"))),
+        o = s.get("outcomes") or {}
+        cards += [(OUTCOME_WORDS[k], f"<span class='{OUTCOME_CLASS[k]}' id='outcome-{k}'>{o.get(k, 0)}</span>",
+                   OUTCOME_MEANING[k]) for k in OUTCOMES if o.get(k) or k not in ("rejected", "no_candidate")]
+        cards += [("fast<sub>1</sub> vs eager", _pct(fp.get("1")), FAST_P_TIP),
                   ("geomean speedup", _x(s.get("geomean_speedup"))
-                   + "<span class='muted' style='font-size:12px;display:block'>failures = 1.0</span>"),
-                  ("geomean (correct)", _x(s.get("geomean_speedup_correct")))]
+                   + "<span class='muted' style='font-size:12px;display:block'>failures = 1.0</span>",
+                   "geometric mean over all scored tasks, every failure counted as 1.0x (the reference stays)"),
+                  ("geomean (correct)", _x(s.get("geomean_speedup_correct")), "geometric mean over correct tasks only")]
         if s.get("fast_p_vs_compile"):
-            cards.append(("fast<sub>1</sub> vs compile", _pct(s["fast_p_vs_compile"].get("1"))))
+            cards.append(("fast<sub>1</sub> vs compile", _pct(s["fast_p_vs_compile"].get("1")),
+                          "fast_1 against each task's best correct torch.compile baseline instead of eager"))
     unverifiable = s.get("unverifiable") if scored else sum((m or {}).get("unverifiable") or 0  # the baselines'
                                                              for m in (b.get("summary") or {}).values())
     if unverifiable:
         cards.append(("unverifiable", f"{unverifiable} <span class='muted' style='font-size:12px;display:block'>"
-                      "failures the reference could not judge</span>"))
+                      "failures the reference could not judge</span>", "unverifiable_reference: the reference draws "
+                      "random numbers or is ill-conditioned in fp32, so the fixed tolerance judged"))
     if s.get("input_errors"):
-        cards.append(("input errors", f"<span class='bad'>{s['input_errors']}</span>"))
+        cards.append(("input errors", f"<span class='bad'>{s['input_errors']}</span>",
+                      "inputs the bench could not use (not scored)"))
     proto = s.get("protocol") or {}
     h = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
          f"<title>kernelcraft bench — {_e(s.get('source'))}</title><style>{_CSS}{_CSS_BENCH}</style></head><body>",
@@ -299,11 +324,11 @@ def render(summary: dict) -> str:
          + f" · {proto.get('trials')} trials, {proto.get('time_budget_s')} s timing budget, mode {_e(proto.get('mode'))}"
          + f" · baselines {_e(', '.join(b.get('names') or []) or 'none')}"
          + f" · {_e(_time(s))}</div>",
-         "<div class='cards' id='summary'>" + "".join(f"<div class='card'>{k}<b>{v}</b></div>" for k, v in cards)
-         + "</div>"]
+         "<div class='cards' id='summary'>" + "".join(f"<div class='card' title='{_e(tip)}'>{k}<b>{v}</b></div>"
+                                                      for k, v, tip in cards) + "</div>"]
     if scored:
-        h += ["<h2>fast<sub>p</sub> and speedups</h2>", _fast_table(s),
-              f"<p class='muted'>{_e(s.get('speedup_definition', ''))}</p>"]
+        h += [_outcome_legend(s), "<h2>fast<sub>p</sub> and speedups</h2>", _fast_table(s),
+              f"<p class='muted' id='fastp-legend'>{_e(FAST_P_TIP)}. {_e(s.get('speedup_definition', ''))}</p>"]
     h += ["<h2>Speedup distribution</h2>", f"<div id='distribution'>{distribution_plot(s)}</div>",
           "<h2>Per task, against the baselines</h2>", f"<div id='bars' style='overflow-x:auto'>{task_bars(s)}</div>",
           "<h2>Baselines</h2>", _baseline_table(s),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kernelcraft import devices
 from kernelcraft.bench import baselines as bl
-from kernelcraft.bench.metrics import first_line, metrics, summarise
+from kernelcraft.bench.metrics import first_line, metrics, outcome, summarise
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.records import base_record, bench_verdict, measured_texts, record, text_sha256
 from kernelcraft.bench.report import write_report
@@ -33,6 +33,7 @@ from kernelcraft.judge.caller.runner import kill_live_workers
 from kernelcraft.protocol import Protocol
 from kernelcraft.search.optimize import Cancelled, Options, RunInUse, RunLock, optimize
 from kernelcraft.search.policies import PolicyError, make_policy
+from kernelcraft.search.rundb import RunDB
 from kernelcraft.serve.pool import Pool
 
 __all__ = ["BenchError", "BenchOptions", "Interrupted", "Item", "Source", "default_out", "metrics", "resolve", "run"]
@@ -240,7 +241,7 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                 log.append(record(v, group))
                 evaluated += len(group)
                 emit("result", what="item", name=group[0].name, status=v["status"], speedup=v["speedup"],
-                     message=first_line(v["message"]))
+                     message=first_line(v["message"]), outcome=outcome(v), ci95=(v.get("timing") or {}).get("ci95"))
 
         stop = cancel or threading.Event()  # set on Ctrl-C or a failed task: the optimize runs stop
         lease = DeviceLease(devs)
@@ -300,7 +301,7 @@ def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: t
         group = groups[key]
         log.append(record(rec, group))
         emit("result", what="item", name=group[0].name, status=rec["status"], speedup=rec["speedup"],
-             message=first_line(rec["message"]))
+             message=first_line(rec["message"]), outcome=outcome(rec), ci95=(rec.get("timing") or {}).get("ci95"))
         return len(group)
 
     return run_tasks(keys, jobs, stop, lambda key: optimize_one(groups[key][0]), finished,
@@ -336,4 +337,18 @@ def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, proto: Pro
     rec["optimize"] = {k: summary[k] for k in ("status", "best_speedup", "best_ci95", "confirmed", "candidates",
                                                "correct", "verified_faster", "stopped", "run_dir", "best_techniques",
                                                "wall_s")}
+    rec["optimize"]["statuses"] = _statuses(run_dir)  # why a search without a correct candidate failed
     return rec
+
+
+def _statuses(run_dir: Path) -> dict[str, int]:
+    """The run's finished candidates by status."""
+    db = RunDB(run_dir)
+    try:
+        rows = db.rows("WHERE state = 'done'")
+    finally:
+        db.close()
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r.status or "?"] = out.get(r.status or "?", 0) + 1
+    return out

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from kernelcraft import devices
+from kernelcraft.bench.metrics import OUTCOME_WORDS
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.run import BenchError, Interrupted, default_out, resolve, run
 from kernelcraft.bench.timeuse import one_line
@@ -30,7 +31,7 @@ class _BenchProgress:
                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
                                  transient=True)
         self.bar = None
-        self.ok = self.bad = 0
+        self.faster = self.not_faster = self.bad = 0
         self.tag = False  # several tasks optimized at once: optimize lines name their task
         self._lock = threading.Lock()
 
@@ -55,23 +56,24 @@ class _BenchProgress:
             self.progress.start()
             self.bar = self.progress.add_task("bench", total=max(d["total"], 1) if d["total"] else 0)
         elif kind == "result":
-            if d["status"] == "correct":
-                self.ok += d["what"] == "item"
-                line = f"[green]correct[/green] {d['speedup']:.3f}x" if d["speedup"] else "[green]correct[/green]"
-            else:
-                self.bad += d["what"] == "item"
-                line = f"[red]{escape(d['status'])}[/red] [dim]{escape(d['message'])}[/dim]"  # whole: its end matters
+            item, o = d["what"] == "item", d.get("outcome")
+            self.faster += item and o == "faster"
+            self.not_faster += item and o == "not_faster"
+            self.bad += item and o not in ("faster", "not_faster")
             if not self.quiet:
-                console.print(f"  {escape(d['name'])}: {line}", highlight=False)
+                console.print(f"  {escape(d['name'])}: {_result_line(d)}", highlight=False)
             self.progress.update(self.bar, advance=1,
-                                 description=f"[green]{self.ok} correct[/green] · [red]{self.bad} failed[/red]")
+                                 description=f"[green]{self.faster} faster[/green] · [yellow]{self.not_faster} not "
+                                 f"faster[/yellow] · [red]{self.bad} incorrect or failed[/red]")
         elif kind == "optimize_start":
             console.print(f"  optimizing {escape(d['name'])} → {escape(d['run_dir'])}", highlight=False)
         elif kind == "optimize" and not self.quiet:
             e, x = d["event"], d["data"]
             who = f"{escape(d['name'])}: " if self.tag else ""
             if e == "verdict":
+                ci = x.get("ci95") or [None, None]
                 sp = f" {x['speedup']:.2f}x" if x.get("speedup") else ""
+                sp += f" [95% CI {ci[0]:.2f}–{ci[1]:.2f}]" if sp and None not in ci else ""
                 console.print(f"[dim]    {who}candidate #{x.get('id') or '-'} {escape(x['status'])}{sp}[/dim]",
                               highlight=False)
             elif e == "done":
@@ -84,6 +86,35 @@ class _BenchProgress:
     def stop(self) -> None:
         with self._lock:
             self.progress.stop()
+
+
+def _result_line(d: dict) -> str:
+    """One result as it lands: an item's outcome in words (faster, correct but not faster, or its status and
+    message), a baseline's status."""
+    ci = d.get("ci95")
+    sp = f" {d['speedup']:.3f}x" if d.get("speedup") else ""
+    sp += f" [dim][95% CI {ci[0]:.2f}–{ci[1]:.2f}][/dim]" if sp and ci and None not in ci else ""
+    o = d.get("outcome") if d["what"] == "item" else None
+    if o == "faster":
+        return f"[green]faster[/green]{sp}"
+    if o == "not_faster":
+        return f"[yellow]correct, not faster[/yellow]{sp}" + ("" if d["status"] == "correct" else
+                                                               f": [dim]{escape(d['message'])}[/dim]")
+    if d["status"] == "correct":
+        return f"[green]correct[/green]{sp}"
+    return f"[red]{escape(d['status'])}[/red] [dim]{escape(d['message'])}[/dim]"  # whole: its end matters
+
+
+def outcome_line(s: dict) -> str:
+    """The bench's headline: what the scored tasks came to, each outcome counted once (`metrics.outcome`)."""
+    o = s.get("outcomes") or {}
+    kept = sum(r.get("outcome") == "not_faster" and r.get("status") == "no_candidate" for r in s.get("items") or [])
+    parts = [f"{o.get('faster', 0)} faster",
+             f"{o.get('not_faster', 0)} correct, not faster" + (f" ({kept} of them: optimize kept the reference, no "
+                                                                  "best.py)" if kept else ""),
+             f"{o.get('incorrect', 0)} incorrect", f"{o.get('failed', 0)} failed"]
+    parts += [f"{o[k]} {OUTCOME_WORDS[k]}" for k in ("rejected", "no_candidate") if o.get(k)]
+    return f"{s['tasks']} task(s): " + " · ".join(parts)
 
 
 def _bench_table(s: dict) -> None:
@@ -102,14 +133,19 @@ def _bench_table(s: dict) -> None:
             out.print("[dim](+N?): N failures whose reference could not judge them (unverifiable_reference: it draws "
                       "random numbers or is ill-conditioned in fp32)[/dim]")
         return
+    out.print(outcome_line(s), highlight=False, markup=False)
     t = _scores_table(s, " ")
     if out.is_terminal and not fits(t):
         t = _scores_table(s, "\n")  # a narrow terminal: each geomean's interval on a line of its own
     print_table(t, out)
-    out.print("[dim]fP: correct and speedup > P, over all tasks · geomean/median: all tasks, failures as 1.0, "
+    out.print("[dim]faster: correct with the speedup's 95% CI above 1x · failed: build error, runtime error or "
+              "timeout · correct: the judged candidate (given, or optimize's best.py) is correct; a search that found "
+              "none faster writes no best.py and its task counts as a failure at 1.0x[/dim]", highlight=False)
+    out.print("[dim]fP (fast_p): share of all tasks that are correct with speedup > P, the point estimate (f1 can "
+              "count a task whose CI reaches below 1) · geomean/median: all tasks, failures as 1.0, "
               "[CI from the per-task CIs] · geo ok: correct tasks only · /compile: against each task's best "
               "correct torch.compile baseline · (+N?): N failures whose reference could not judge them "
-              "(unverifiable_reference)[/dim]")
+              "(unverifiable_reference)[/dim]", highlight=False)
     st = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items(), key=lambda kv: -kv[1]))
     out.print(f"statuses: {st}" + (f" · [red]{s['input_errors']} input error(s) not scored[/red]"
                                     if s["input_errors"] else ""), highlight=False)
@@ -119,7 +155,7 @@ def _scores_table(s: dict, before_ci: str):
     keys = list(s["fast_p"])
     t = table(f"bench — {s['source']} ({s['device']})",
               [(c, "left" if c == "scope" else "right")
-               for c in ["scope", "tasks", "ok"] + [f"f{k}" for k in keys] + ["geomean", "median", "geo ok"]])
+               for c in ["scope", "tasks", "correct"] + [f"f{k}" for k in keys] + ["geomean", "median", "geo ok"]])
     rows = [("all", s, "")] + ([("all/compile", s, "_vs_compile")] if s.get("fast_p_vs_compile") else [])
     for lv, m in s["by_level"].items():
         label = f"L{lv}" if str(lv).isdigit() else str(lv)  # a directory's tasks may have no level: "unknown"

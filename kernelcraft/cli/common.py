@@ -197,7 +197,7 @@ PROTOCOL_OPTIONS = {
     "module_mode": ("module_mode", Optional[str], typer.Option(None, help="train | eval: " + _help("module_mode"))),
     "time_budget": ("time_budget_s", Optional[float], typer.Option(None, help=_help("time_budget_s"))),
     "eval_time": ("time_budget_s", Optional[float], typer.Option(None, "--eval-time", hidden=True,
-                                                                 help="old name of --time-budget")),
+                                                                 help="alias of --time-budget")),
     "timeout": ("timeout_s", Optional[float], typer.Option(None, help=_help("timeout_s"))),
     "build_timeout": ("build_timeout_s", Optional[float], typer.Option(None, help=_help("build_timeout_s")
                                                                        + " (default 900)")),
@@ -219,7 +219,7 @@ _FLAGS = {field: "--" + param.replace("_", "-") for param, (field, _, opt) in PR
 def make_protocol(**given) -> Protocol:
     """The Protocol the protocol options describe (`given`: parameter name -> value or None for not given)."""
     if None not in (given.get("time_budget"), given.get("eval_time")) and given["time_budget"] != given["eval_time"]:
-        usage_error("--time-budget and its old name --eval-time disagree: give one")
+        usage_error("--time-budget and its alias --eval-time disagree: give one")
     fields = {PROTOCOL_OPTIONS[param][0]: value for param, value in given.items() if value is not None}
     if "remeasure_above" in fields:
         fields["remeasure_above"] = fields["remeasure_above"] or None  # 0: never

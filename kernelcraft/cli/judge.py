@@ -71,7 +71,21 @@ def eval_cmd(
     else:
         _verdict_panel(v)
     if v.timing and v.timing.note:
-        console.print(f"warning: {v.timing.note}", style="yellow", markup=False, highlight=False)
+        _noise_note(v)
+
+
+def _noise_note(v) -> None:
+    """The judge's wide-interval note: a warning where the interval leaves the verdict open (it straddles 1x); a
+    note where it lies wholly on one side of 1x, whose answer (faster or slower) stands and whose size does not."""
+    note, (lo, hi) = v.timing.note, v.timing.ci95
+    if v.status != "correct" or not lo or lo <= 1.0 <= hi:
+        console.print(f"warning: {note}", style="yellow", markup=False, highlight=False)
+        return
+    advice = note.split("; ", 1)[1] if note.startswith("host too noisy: ") and "; " in note else note
+    side, word = ("above", "faster") if lo > 1.0 else ("below", "slower")
+    console.print(f"note: the speedup's 95% CI {lo:.3g}–{hi:.3g} lies wholly {side} 1x: the candidate is {word} "
+                  f"beyond the timing noise, but the interval is wide (x{hi / lo:.2f}), so how much is uncertain here; "
+                  f"for a tighter number: {advice}", markup=False, highlight=False)
 
 
 @app.command("tasks")

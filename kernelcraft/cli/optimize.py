@@ -28,8 +28,8 @@ from kernelcraft.task import TaskError
 class _OptimizeProgress:
     """Renders `kernelcraft.search.optimize` events on stderr: one line per verdict, a live status line."""
 
-    def __init__(self, budget):
-        self.budget, self.best, self.ok, self.bad, self.threshold = budget, None, 0, 0, 1.0
+    def __init__(self, budget, bar: float = 1.0):
+        self.budget, self.best, self.ok, self.bad, self.threshold = budget, None, 0, 0, bar
         self.progress = Progress(TextColumn("[bold]optimize[/bold]"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                                  transient=True)
@@ -74,9 +74,10 @@ class _OptimizeProgress:
                 faster = lo is not None and lo > self.threshold
                 if faster and (self.best is None or d["speedup"] > self.best):
                     self.best = d["speedup"]
-                console.print(f"  #{d['id']} [green]correct[/green] {d['speedup']:.2f}x "
-                              f"[dim][{lo:.2f}–{hi:.2f}][/dim] {'' if faster else '[dim](not verified faster)[/dim] '}"
-                              f"{tech}", highlight=False)
+                verdict = ("[green]verified faster[/green]" if faster else
+                           f"[yellow]not verified faster[/yellow] [dim](the CI reaches {self.threshold:.2f}x)[/dim]")
+                console.print(f"  #{d['id']} correct {d['speedup']:.2f}x [dim][95% CI {lo:.2f}–{hi:.2f}][/dim] "
+                              f"{verdict} · {tech}", highlight=False)
             else:
                 self.bad += 1
                 console.print(f"  #{d['id'] or '-'} [red]{d['status']}[/red] {tech}  [dim]{escape(d['message'])}[/dim]",
@@ -90,10 +91,14 @@ class _OptimizeProgress:
             ci = d.get("ci95") or [None, None]
             below = d.get("status") == "correct" and ci[1] is not None and ci[1] < 1.0
             console.print(f"null control (the reference timed against itself): {sp}"
-                          + (f" [CI {ci[0]:.3f}–{ci[1]:.3f}]" if ci[0] is not None else "")
-                          + (" — a timing bias: candidates must beat this" if biased else "")
-                          + (" — warning: below 1 beyond its CI, this host's timings are biased or too noisy; "
-                             "speedups here are understated" if below else ""), markup=False, highlight=False)
+                          + (f" [95% CI {ci[0]:.3f}–{ci[1]:.3f}]" if ci[0] is not None else "")
+                          + (f" — a timing bias (its CI lies above 1): a candidate is verified faster only when its CI's "
+                             f"lower end is above {self.threshold:.3f}x" if biased else
+                             " — warning: below 1 beyond its CI, this host's timings favour the reference, so "
+                             "speedups here are understated; re-run when the host is quieter" if below else
+                             f" — what timing noise alone reads here; a candidate is verified faster only when its "
+                             f"CI's lower end is above {self.threshold:.2f}x" if d.get("status") == "correct" else ""),
+                          markup=False, highlight=False)
         elif kind == "confirm":
             self.running.pop(("confirm_start", d.get("id")), None)
             sp = f"{d['speedup']:.2f}x" if d["speedup"] else d["status"]
@@ -153,7 +158,7 @@ def optimize_cmd(
                    confirm=confirm, min_speedup=min_speedup,
                    null_control=null_control,
                    allow_precision_change=allow_precision_change, backend=backend, policy_options=policy_options)
-    progress, cancel = _OptimizeProgress(budget), threading.Event()
+    progress, cancel = _OptimizeProgress(budget, min_speedup), threading.Event()
     with checks.no_leftovers(out_dir):
         checks.out_dir(out_dir)
         proposer = checks.policy(policy, **policy_options)  # built once, before the run: a bad one is a usage error
@@ -171,9 +176,8 @@ def optimize_cmd(
         print_json(res.to_json())
         return
     color = {"improved": "green", "no_improvement": "yellow"}.get(res.status, "red")
-    out.print(f"[bold]{res.task}[/bold]: [bold {color}]{res.status}[/bold {color}] after {res.candidates} of "
-              f"{res.budget} candidates ({res.correct} correct, {res.failed} failed, {res.parse_errors} parse errors)",
-              highlight=False)
+    out.print(f"[bold]{escape(res.task)}[/bold]: [bold {color}]{res.status}[/bold {color}] after {res.candidates} of "
+              f"{res.budget} candidates: {_counts(Path(res.run_dir), res)}", highlight=False)
     out.print(f"stopped: {res.stopped} — {escape(res.stopped_detail)}" if res.stopped_detail else
               f"stopped: {res.stopped}", highlight=False)
     if res.best_path:
@@ -184,6 +188,29 @@ def optimize_cmd(
     else:
         out.print("no candidate was verified faster than the reference: no best.py written")
     out.print(f"report: kernelcraft report {res.run_dir}")
+    out.print(f"[dim]verified faster: correct, and the lower end of the speedup's 95% CI above the bar, here "
+              f"{res.bar:.2f}x (--min-speedup, raised to the null control's speedup when the control's CI lies wholly above 1; "
+              "the null control is the reference timed against itself) · confirmed: re-timed in a fresh worker with "
+              "new inputs, another seed and twice the timing budget, and still verified faster[/dim]", highlight=False)
+
+
+def _counts(run_dir: Path, res) -> str:
+    """The run's candidates in words, each counted once: correct (verified faster or not), incorrect, rejected,
+    failed (build error, runtime error, timeout), parse errors."""
+    from kernelcraft.search.rundb import RunDB
+
+    db = RunDB(run_dir)
+    try:
+        done = db.rows("WHERE state = 'done'")
+    finally:
+        db.close()
+    correct = sum(r.correct for r in done)
+    status = [r.status for r in done if not r.correct]
+    incorrect, rejected, parse = (status.count(k) for k in ("incorrect", "rejected", "parse_error"))
+    parts = [f"{correct} correct ({res.verified_faster} verified faster, {correct - res.verified_faster} not faster)",
+             f"{incorrect} incorrect"] + ([f"{rejected} rejected"] if rejected else []) + [
+             f"{len(status) - incorrect - rejected - parse} failed (build, runtime, timeout)", f"{parse} parse error(s)"]
+    return ", ".join(parts)
 
 
 

@@ -107,6 +107,12 @@ class _Standing:
         return (group if r.correct else 4, -(self.reported(r) or r.speedup or 0.0), r.id)
 
 
+STATUS_MEANING = {"improved": "a candidate was verified faster (and confirmed where the run confirms): best.py "
+                             "was written",
+                  "no_improvement": "correct candidates, none verified faster: no best.py",
+                  "no_correct": "no candidate passed the correctness trials: no best.py",
+                  "in progress": "the run has not finished"}
+
 LABEL_COLORS = {"confirmed": "#187a3a", "verified": "#187a3a", "verified, unconfirmed": "#5f8f3a",
                 "not reproduced": "#9a6700"}
 
@@ -222,7 +228,7 @@ def _diff(reference: str, source: str) -> str:
     return note + f"<pre class='diff'>{body or _e('(identical)')}</pre>"
 
 
-def _terms(standing: "_Standing", bar: float, control) -> str:
+def _terms(standing: "_Standing", bar: float, control, measured: bool = False) -> str:
     ctrl = (f"; here {bar:.3f}x, because the null control (the reference timed against itself) measured a bias"
             if bar > 1.0 and control else "")
     rows = [("correct", "passed every correctness trial: outputs within tolerance of the reference's on fresh "
@@ -237,6 +243,13 @@ def _terms(standing: "_Standing", bar: float, control) -> str:
             ("not reproduced", "verified in the search, but the re-timing did not hold up: not a result")]
     if not standing.confirming:
         rows = [r for r in rows if r[0] not in ("verified, unconfirmed", "not reproduced")]
+    rows += [("incorrect", "outputs outside tolerance on a trial; rejected: a guard caught a shortcut (its reason "
+                           "names which); failed: a build error, runtime error or timeout; parse error: the proposal "
+                           "held no candidate code")]
+    if measured:
+        rows.append(("null control", "the reference timed against itself before any candidate: what timing noise "
+                                     "and bias alone read on this host (ideally 1.00x). When its 95% CI lies wholly "
+                                     "above 1, the bar is raised to its speedup"))
     return ("<h2>What the words mean</h2><dl id='terms'>"
             + "".join(f"<dt><b>{_e(k)}</b></dt><dd>{_e(v)}</dd>" for k, v in rows) + "</dl>")
 
@@ -267,22 +280,34 @@ def render(run: dict) -> str:
     else:
         best_sp, ci, how = None, None, ""
     tokens = summ.get("tokens") or {}
-    cards = [("status", f"<span class='{scls}'>{_e(status)}</span>"),
+    wrong = [r.status for r in done if not r.correct]
+    cards = [("status", f"<span class='{scls}'>{_e(status)}</span>", STATUS_MEANING.get(status, "")),
              ("best speedup", (f"<span id='headline'>{best_sp:.2f}x</span>" if best_sp else "—")
               + (f"<span class='muted' style='font-size:12px;display:block'>95% CI {_fmt(ci[0])}–{_fmt(ci[1])}"
-                 f"{f' ({how})' if how else ''}</span>" if ci and ci[0] else "")),
-             ("candidates", len(rows) if not summ.get("budget") else f"{len(rows)} / {summ['budget']}"),
-             ("correct", len(correct)),
-             ("verified faster", sum(r.faster_than(bar) for r in rows))]
+                 f"{f' ({how})' if how else ''}</span>" if ci and ci[0] else ""),
+              "the best candidate's speedup over the reference: the confirmed number where the run confirms"),
+             ("candidates", len(rows) if not summ.get("budget") else f"{len(rows)} / {summ['budget']}",
+              "candidates proposed (of the budget)"),
+             ("correct", len(correct), "passed every correctness trial, faster or not"),
+             ("verified faster", sum(r.faster_than(bar) for r in rows),
+              f"correct, with the 95% CI's lower end above the bar ({bar:.3f}x)")]
     if standing.confirming:
-        cards.append(("confirmed", sum(standing.held(r) is not None for r in rows)))
-    cards += [("failed", sum(1 for r in done if not r.correct and r.status != "parse_error")),
-              ("parse errors", sum(r.status == "parse_error" for r in rows))]
+        cards.append(("confirmed", sum(standing.held(r) is not None for r in rows),
+                      "verified faster, re-timed in a fresh worker and still verified faster"))
+    rejected = wrong.count("rejected")
+    cards += [("incorrect", wrong.count("incorrect"), "outputs outside tolerance")]
+    if rejected:
+        cards.append(("rejected", rejected, "a guard caught a shortcut (its reason names which)"))
+    cards += [("failed", len(wrong) - wrong.count("incorrect") - rejected - wrong.count("parse_error"),
+               "build error, runtime error or timeout"),
+              ("parse errors", sum(r.status == "parse_error" for r in rows), "the proposal held no candidate code")]
     if control.get("speedup"):
         cards.append(("null control", f"{control['speedup']:.3f}x<span class='muted' style='font-size:12px;display:block'>"
-                      "reference vs itself</span>"))
+                      "reference vs itself</span>", "the reference timed against itself: what timing noise alone "
+                      "reads here (ideally 1.00x); when its 95% CI lies wholly above 1 the bar is raised to its speedup"))
     if tokens.get("prompt") or tokens.get("completion"):
-        cards.append(("tokens", f"{tokens.get('prompt', 0) + tokens.get('completion', 0):,}"))
+        cards.append(("tokens", f"{tokens.get('prompt', 0) + tokens.get('completion', 0):,}",
+                      "prompt and completion tokens of the LLM policy"))
     opts = run["options"] or {}
     spans = run.get("invocations") or []
     total = summ.get("wall_s_total") or (sum(b - a for a, b in spans) if spans else summ.get("wall_s"))
@@ -297,8 +322,8 @@ def render(run: dict) -> str:
          + _e(when) + "</div>",
          (f"<p class='muted' id='stopped'>Stopped ({_e(stopped)}): {_e(summ['stopped_detail'])}.</p>"
           if summ.get("stopped_detail") else ""),
-         "<div class='cards' id='summary'>" + "".join(f"<div class='card'>{_e(k)}<b>{v}</b></div>" for k, v in cards)
-         + "</div>", "<h2>Speedup over candidates</h2>", f"<div id='plot'>{_plot(rows, standing)}</div>"]
+         "<div class='cards' id='summary'>" + "".join(f"<div class='card' title='{_e(tip)}'>{_e(k)}<b>{v}</b></div>"
+                                                      for k, v, tip in cards) + "</div>", "<h2>Speedup over candidates</h2>", f"<div id='plot'>{_plot(rows, standing)}</div>"]
     h.append("<h2>Leaderboard</h2>"
              + ("<p class='muted'>Ranked by the confirmed speedup; candidates verified only by the search's own "
                 "measurement come after, marked unconfirmed.</p>" if standing.confirming else "")
@@ -326,7 +351,7 @@ def render(run: dict) -> str:
     else:
         h.append("<p id='best' class='warn'>No candidate was verified faster than the reference: no best.py was "
                  "written (the reference is never passed off as an optimisation).</p>")
-    h.append(_terms(standing, bar, biased))
+    h.append(_terms(standing, bar, biased, measured=bool(control.get("status"))))
     h.append(_technique_table(correct))
     fails = [r for r in done if not r.correct][-8:]
     if fails:

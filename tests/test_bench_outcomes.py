@@ -1,0 +1,126 @@
+"""What a bench's tasks came to, counted apart and said in words: faster (correct, 95% CI above 1), correct but
+not faster (an optimize run that kept the reference among them), incorrect, rejected, failed; the CLI's headline,
+table and legend, and the page's cards and legend, never read "0 correct" where every candidate was correct."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rich.console import Console
+
+from kernelcraft.bench.metrics import OUTCOMES, metrics, outcome, summarise
+from kernelcraft.bench.options import BenchOptions
+from kernelcraft.bench.sources import Item, Source
+from kernelcraft.cli import bench as cli_bench
+from kernelcraft.cli.common import PIPE_WIDTH
+from kernelcraft.task import load_task
+
+
+def _correct(lo, hi, speedup=None):
+    return {"status": "correct", "speedup": speedup or (lo * hi) ** 0.5, "timing": {"ci95": [lo, hi]}}
+
+
+def _kept(opt_status, statuses=None, correct=0):
+    """An optimize run that wrote no best.py: the bench's `no_candidate` record of it."""
+    return {"status": "no_candidate", "speedup": None, "message": "no best.py, counted as a failure",
+            "optimize": {"status": opt_status, "correct": correct, "statuses": statuses or {}}}
+
+
+def test_each_record_comes_to_one_outcome():
+    assert outcome(_correct(1.2, 3.0)) == "faster"
+    assert outcome(_correct(0.9, 1.4)) == "not_faster"  # the CI reaches 1: not shown faster
+    assert outcome(_correct(0.5, 0.8)) == "not_faster"
+    assert outcome({"status": "correct", "speedup": 2.0, "timing": None}) == "not_faster"  # no interval, no claim
+    assert outcome({"status": "incorrect"}) == "incorrect" and outcome({"status": "rejected"}) == "rejected"
+    for st in ("compile_error", "runtime_error", "timeout"):
+        assert outcome({"status": st}) == "failed"
+    assert outcome(_kept("no_improvement", {"correct": 3}, correct=3)) == "not_faster"
+    assert outcome(_kept("no_correct", {"incorrect": 1, "compile_error": 2})) == "incorrect"
+    assert outcome(_kept("no_correct", {"rejected": 1, "timeout": 1})) == "rejected"
+    assert outcome(_kept("no_correct", {"compile_error": 2, "parse_error": 1})) == "failed"
+    assert outcome({"status": "no_candidate", "message": "no candidate file"}) == "no_candidate"
+    assert outcome({"status": "input_error"}) is None and outcome({"status": "not_evaluated"}) is None
+
+
+def _summary(records: dict[str, dict]) -> dict:
+    """A bench summary over built-in tiny tasks, one record each (what `bench.run` hands `summarise`)."""
+    items = []
+    for i, name in enumerate(records):
+        it = Item(name=name, task=load_task(name), level=int(name.split("/")[1][-1]), task_id=i + 1)
+        it.key = f"k{i}"
+        items.append(it)
+    recs = {it.key: {"message": "", "reasons": [], "speedup": None, **records[it.name]} for it in items}
+    return summarise(Source(spec="tiny", name="tiny", kind="builtin", items=items), items, recs, {}, ["eager"], {},
+                     {"from_run": 0, "cache_hits": 0, "measured_now": 0}, Path("/nonexistent-bench"), "cpu",
+                     BenchOptions(device="cpu", baselines="eager"), {}, 0, len(items), 1.0)
+
+
+def test_summary_counts_outcomes_overall_and_by_level():
+    s = _summary({"tiny/level1/relu": _correct(1.5, 2.5), "tiny/level1/gelu": _correct(0.8, 1.1),
+                  "tiny/level2/matmul_sum": {"status": "incorrect"}, "tiny/level1/softmax": {"status": "timeout"},
+                  "tiny/level2/elementwise_chain": _kept("no_improvement", {"correct": 2}, correct=2)})
+    assert s["outcomes"] == {"faster": 1, "not_faster": 2, "incorrect": 1, "rejected": 0, "failed": 1,
+                             "no_candidate": 0}
+    assert s["by_level"]["1"]["outcomes"]["faster"] == 1 and s["by_level"]["2"]["outcomes"]["not_faster"] == 1
+    assert sum(s["outcomes"].values()) == s["tasks"] == 5
+    assert [r["outcome"] for r in s["items"]] == ["faster", "not_faster", "incorrect", "failed", "not_faster"]
+    assert list(s["outcomes"]) == list(OUTCOMES)
+    assert metrics([{"correct": True, "speedup": 2.0}])  # baselines' rows carry no outcome: not counted
+    assert "outcomes" not in metrics([{"correct": True, "speedup": 2.0}])
+
+
+def _printed(s: dict, monkeypatch, width: int = PIPE_WIDTH, terminal: bool = False) -> str:
+    console = Console(record=True, width=width, force_terminal=terminal, soft_wrap=not terminal)
+    monkeypatch.setattr(cli_bench, "out", console)
+    cli_bench._bench_table(s)
+    return console.export_text()
+
+
+def test_all_correct_none_faster_is_not_headlined_as_nothing_correct(monkeypatch):
+    s = _summary({"tiny/level1/relu": _kept("no_improvement", {"correct": 1}, correct=1),
+                  "tiny/level1/gelu": _kept("no_improvement", {"correct": 2}, correct=2)})
+    assert s["correct"] == 0  # the contract's count: no candidate was delivered, the reference stays
+    text = _printed(s, monkeypatch)
+    head = text.splitlines()[0]
+    assert head == ("2 task(s): 0 faster · 2 correct, not faster (2 of them: optimize kept the reference, no "
+                    "best.py) · 0 incorrect · 0 failed"), head
+    assert "0 correct" not in head
+    legend = [ln for ln in text.splitlines() if ln.startswith("faster: ")]
+    assert len(legend) == 1 and "95% CI above 1x" in legend[0] and "writes no best.py" in legend[0]  # one line, whole
+    fp = [ln for ln in text.splitlines() if ln.startswith("fP (fast_p): ")]
+    assert len(fp) == 1 and "point estimate" in fp[0] and len(fp[0]) > 200  # never wrapped in a pipe
+    assert "…" not in text
+    table = [ln for ln in text.splitlines() if ln.startswith("┃ scope")]
+    assert table and "correct" in table[0]
+    # the same table in a terminal of 60 columns: every line fits, nothing is cut
+    narrow = _printed(s, monkeypatch, width=60, terminal=True)
+    assert max(len(ln) for ln in narrow.splitlines()) <= 60 and "…" not in narrow
+
+
+def test_a_mixed_bench_names_only_the_outcomes_it_has(monkeypatch):
+    s = _summary({"tiny/level1/relu": _correct(1.5, 2.5), "tiny/level1/gelu": {"status": "rejected"},
+                  "tiny/level1/softmax": {"status": "no_candidate", "message": "no candidate file"}})
+    head = _printed(s, monkeypatch).splitlines()[0]
+    assert head == "3 task(s): 1 faster · 0 correct, not faster · 0 incorrect · 0 failed · 1 rejected · 1 without a " \
+                   "candidate", head
+
+
+def test_the_bench_page_names_outcomes_and_explains_fast_p():
+    from kernelcraft.bench.report import render
+
+    s = _summary({"tiny/level1/relu": _kept("no_improvement", {"correct": 1}, correct=1),
+                  "tiny/level1/gelu": _correct(1.3, 2.0)})
+    html = render(s)
+    cards = html[html.index("id='summary'"):html.index("</div></div>", html.index("id='summary'"))]
+    assert re.search(r"correct, not faster<b><span class='warn' id='outcome-not_faster'>1</span>", cards), cards
+    assert "id='outcome-faster'>1<" in cards and "id='outcome-failed'>0<" in cards
+    assert "(0%)" not in cards and ">correct<b>" not in cards  # no "correct 0 (0%)" headline
+    assert "id='outcome-rejected'" not in cards  # none rejected: no card for it
+    # each card says what its number means (a tooltip), and a legend under the cards says it on the page
+    assert "title='correct, and the speedup&#x27;s 95% CI lies above 1x'" in cards
+    assert "<dl id='outcomes'" in html and "no best.py was written" in html
+    legend = html[html.index("id='fastp-legend'"):]
+    assert "fast_p: the share of all scored tasks" in legend and "point estimate" in legend
+    assert re.search(r"<th class='num' title='correct with a speedup above 1x[^']*'>fast<sub>1</sub>", html)
+    tasks = html[html.index("<table id='items'>"):]
+    assert "no_candidate" in tasks and "· correct, not faster" in tasks
