@@ -209,8 +209,8 @@ def bench_cmd(
     budget: int = typer.Option(8, min=1, help="optimize budget (candidates per task) when no candidates are given"),
     time_limit: Optional[float] = typer.Option(None, min=1, help="optimize: stop proposing for a task after this many "
                                                "seconds (its best is still confirmed and judged)"),
-    jobs: Optional[int] = typer.Option(None, min=1, help="evaluations at once per device (default: 1 on small CPUs "
-                                       "and per GPU)"),
+    jobs: Optional[int] = typer.Option(None, min=1, help="evaluations at once per device (default: 1 on a CPU "
+                                       "below 8 cores, else 2; per GPU 2-4 by cores, up to 12 with spawned workers)"),
     task_jobs: Optional[int] = typer.Option(None, "--task-jobs", min=1,
                                             help="tasks optimized at once when no candidates are given (default 1 "
                                             "per GPU of --device; more pays when proposals wait on an LLM endpoint, not with recipes)"),

@@ -20,7 +20,7 @@ train_app = typer.Typer(no_args_is_help=True, add_completion=False,
                         help="Train an LLM on the kernelcraft reward: SFT -> self-training -> contrastive GRPO.")
 app.add_typer(train_app, name="train")
 
-CONFIG = typer.Argument(..., help="the run's YAML config (see README, Train)")
+CONFIG = typer.Argument(..., help="the run's YAML config (docs/train.md)")
 OUT = typer.Option(None, "--out", help="run directory (overrides the config's `out`)")
 
 
