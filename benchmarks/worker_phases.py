@@ -41,7 +41,7 @@ try:  # what the zygote imports before it forks a worker (judge/caller/zygote.py
 except ImportError:
     pass
 
-from kernelcraft.judge.process import isolation  # noqa: E402
+from kernelcraft.judge.process import audit, freeze  # noqa: E402
 from kernelcraft.judge.correctness import partial, precision, weights
 from kernelcraft.judge.speed import rounds, timing
 from kernelcraft.judge.process import side as side_mod, sideproc, worker as W  # noqa: E402
@@ -53,8 +53,8 @@ from kernelcraft.judge.caller.screen import screen  # noqa: E402
 from kernelcraft.protocol import Protocol  # noqa: E402
 from kernelcraft.task import load_task  # noqa: E402
 
-STEPS = [(trials, "compare_outputs"), (Acceptance, "compare"), (Sample, "take"), (treecpu, "tree_cpu_ns"), (isolation, "freeze"), (isolation, "thaw"),
-         (isolation.Audit, "problems"), (timing.RoundTripClock, "settle"), (timing.RoundTripClock, "flush"),
+STEPS = [(trials, "compare_outputs"), (Acceptance, "compare"), (Sample, "take"), (treecpu, "tree_cpu_ns"), (freeze, "freeze"), (freeze, "thaw"),
+         (audit.Audit, "problems"), (timing.RoundTripClock, "settle"), (timing.RoundTripClock, "flush"),
          (sideproc.SideProc, "request"), (sideproc.SideProc, "timed"), (precision.Rule, "truth"),
          (precision.Rule, "trial"), (precision.Rule, "_pool"), (partial, "mix"), (weights, "check"),
          (rounds, "time_candidate")] + [(W.Evaluation, n) for n in (

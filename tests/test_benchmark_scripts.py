@@ -17,7 +17,7 @@ def test_worker_phases_reports_each_harness_step(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
     assert "rep 0: correct" in out and "rep 1: correct" in out, out  # a second rep must not hang on the CPU
-    for step in ("trials.run_trials", "rounds.time_candidate", "SideProc.timed", "isolation.freeze", "Acceptance.compare"):
+    for step in ("trials.run_trials", "rounds.time_candidate", "SideProc.timed", "freeze.freeze", "Acceptance.compare"):
         assert step in out, (step, out)
 
 

@@ -23,7 +23,8 @@ import recorded_pid
 import torch
 
 from kernelcraft.evaluate import evaluate
-from kernelcraft.judge.process import arena, heap, isolation
+from kernelcraft.judge.process import arena, freeze, heap, isolation, procs
+from kernelcraft.judge.process.audit import Audit, reference_tampering
 from kernelcraft.judge.process.wire import Closed, JudgeEnd, SideEnd
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -123,7 +124,7 @@ def test_freeze_and_thaw_a_child():
             time.sleep(0.005)
     try:
         assert os.read(r, 1) == b"x"  # running (and past its setsid)
-        isolation.freeze(pid)
+        freeze.freeze(pid)
         time.sleep(0.05)
         while True:  # drain what it wrote before it stopped
             os.set_blocking(r, False)
@@ -135,14 +136,14 @@ def test_freeze_and_thaw_a_child():
         time.sleep(0.1)
         with pytest.raises(BlockingIOError):
             os.read(r, 4096)  # frozen: nothing new
-        isolation.thaw(pid)
+        freeze.thaw(pid)
         time.sleep(0.1)
         assert os.read(r, 4096)  # running again
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    with pytest.raises(isolation.SideGone):
-        isolation.freeze(pid)  # reaped: not a child any more
+    with pytest.raises(freeze.SideGone):
+        freeze.freeze(pid)  # reaped: not a child any more
 
 
 def test_audit_sees_a_renice_of_the_reference_and_an_adopted_orphan():
@@ -158,7 +159,7 @@ def test_audit_sees_a_renice_of_the_reference_and_an_adopted_orphan():
             time.sleep(30)
             os._exit(0)
         isolation.harden_judge()  # a subreaper: orphans come here
-        audit = isolation.Audit(os.getpid(), {"reference": ref, "candidate": cand})
+        audit = Audit(os.getpid(), {"reference": ref, "candidate": cand})
         try:
             if audit.problems():
                 return 10
@@ -310,7 +311,7 @@ def test_inputs_are_fresh_and_secret_every_evaluation(tmp_path):
 
 
 def test_running_threads_reads_stopped_and_running_processes():
-    """`isolation.running_threads` (the audit's read-back of the candidate's other processes): a frozen process
+    """`freeze.running_threads` (the audit's read-back of the candidate's other processes): a frozen process
     reads as stopped, every thread of it; a running one does not."""
     r, w = os.pipe()
     pid = os.fork()
@@ -321,12 +322,12 @@ def test_running_threads_reads_stopped_and_running_processes():
             pass
     try:
         os.read(r, 1)
-        assert isolation.running_threads(pid), "a spinning process is running"
-        isolation.freeze(pid)
-        assert isolation.running_threads(pid) == []
-        isolation.thaw(pid)
+        assert freeze.running_threads(pid), "a spinning process is running"
+        freeze.freeze(pid)
+        assert freeze.running_threads(pid) == []
+        freeze.thaw(pid)
         time.sleep(0.05)
-        assert isolation.running_threads(pid)
+        assert freeze.running_threads(pid)
     finally:
         os.killpg(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -436,7 +437,7 @@ def test_audit_reads_signals_pending_for_the_reference_and_a_reniced_session():
             time.sleep(30)
             os._exit(0)
         os.read(r, 1)
-        audit = isolation.Audit(os.getpid(), {"reference": ref})
+        audit = Audit(os.getpid(), {"reference": ref})
         try:
             if audit.problems():
                 return 10
@@ -444,7 +445,7 @@ def test_audit_reads_signals_pending_for_the_reference_and_a_reniced_session():
             found = audit.problems()
             if not (found and "signals were sent to the reference" in found[0] and "SIGRTMIN+3" in found[0]):
                 return 11
-            if isolation.reference_tampering(os.getpid(), ref) != found:  # what keeps a warm reference from reuse
+            if reference_tampering(os.getpid(), ref) != found:  # what keeps a warm reference from reuse
                 return 12
             if os.path.exists(f"/proc/{ref}/autogroup"):
                 with open(f"/proc/{ref}/autogroup", "w") as f:
@@ -515,16 +516,15 @@ def test_candidate_side_lives_in_a_pid_namespace_of_its_own(tmp_path):
                 return 12
             if set(seen["procs"]) != {1, seen["pid"]} or "reached" in seen.values():
                 return 13
-            audit = isolation.Audit(os.getpid(), {"reference": forker.pid, "candidate": side.pid},
-                                    {side.pid: side.init_pid})
+            audit = Audit(os.getpid(), {"reference": forker.pid, "candidate": side.pid}, {side.pid: side.init_pid})
             orphans = [f for f in audit.problems() if "detached" in f]
             if not orphans:
                 return 14
             side.freeze()
-            if not isolation.running_threads(side.pid) == []:
+            if not freeze.running_threads(side.pid) == []:
                 return 15
             side.thaw()
-            inside = [side.pid, side.init_pid] + isolation.children(side.init_pid)
+            inside = [side.pid, side.init_pid] + procs.children(side.init_pid)
             end_candidate(side, keep={forker.pid})
             side = None
             time.sleep(0.2)

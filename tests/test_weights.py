@@ -1,6 +1,7 @@
-"""Weights and module mode as inputs (kernelcraft/judge/correctness/weights.py): the perturbation, the state matching, and
-evaluations that show what the verdict records. The cheats and the legitimate patterns themselves are fixtures
-(tests/fixtures/hacks/weights_*.py, mode_*.py; legit/guard_weights_*.py, guard_mode_*.py, run by test_guards)."""
+"""Weights and module mode as inputs (kernelcraft/judge/correctness/weights.py, weightdraw.py): the perturbation, the
+state matching, and evaluations that show what the verdict records. The cheats and the legitimate patterns themselves
+are fixtures (tests/fixtures/hacks/weights_*.py, mode_*.py; legit/guard_weights_*.py, guard_mode_*.py, run by
+test_guards)."""
 from __future__ import annotations
 
 import textwrap
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from kernelcraft.evaluate import evaluate
-from kernelcraft.judge.correctness import weights
+from kernelcraft.judge.correctness import weightdraw, weights
 from kernelcraft.judge.correctness.acceptance import Acceptance
 from kernelcraft.protocol import Protocol, ProtocolError
 
@@ -41,7 +42,7 @@ def test_perturbation_moves_every_element_and_keeps_what_must_stay():
                _entry("fc.weight", w), _entry("fc.bias", fc_bias), _entry("gate", gate),
                _entry("bn.num_batches_tracked", steps, "stat"), _entry("mask", mask, "buffer"),
                _entry("head.weight", w, same_as=3)]
-    new, n = weights.perturbed(values, entries)
+    new, n = weightdraw.perturbed(values, entries)
     assert n == 6  # parameters and floating statistics; not the int counter, the mask or the tied copy
     # an all-ones LayerNorm weight becomes clearly non-uniform, its gain kept (deep networks do not blow up)
     assert (new[0] != 1).all() and new[0].std() > 0.2 and abs(_rms(new[0]) - 1) < 1e-4
@@ -57,7 +58,7 @@ def test_perturbation_moves_every_element_and_keeps_what_must_stay():
     assert 0.06 < abs(float(new[5])) < 0.4  # a zero gate with no sibling: scale 1
     assert torch.equal(new[6], steps) and torch.equal(new[7], mask)
     assert new[8] is new[3]  # tied: one value under both keys
-    again, _ = weights.perturbed(values, entries)
+    again, _ = weightdraw.perturbed(values, entries)
     assert not torch.equal(again[0], new[0])  # a fresh draw every time
 
 
@@ -90,14 +91,14 @@ def test_new_weights_catch_an_assumed_groupnorm_by_a_wide_margin():
     entries = [_entry(k, v) for k, v in sd.items()]
     tf32 = 2.0 ** -8
     with torch.no_grad():
-        assert weights.excess(model(x), model.assuming_initial_norm(x), Acceptance.fixed(1, 1e-6, 1e-6)) < 1  # exact as constructed
+        assert weightdraw.excess(model(x), model.assuming_initial_norm(x), Acceptance.fixed(1, 1e-6, 1e-6)) < 1  # exact as constructed
         ratios = []
         for seed in range(50):
             torch.manual_seed(seed)
-            new, n = weights.perturbed(values, entries)
+            new, n = weightdraw.perturbed(values, entries)
             assert n == 4
             model.load_state_dict(dict(zip(sd, new)))
-            ratios.append(weights.excess(model(x), model.assuming_initial_norm(x), Acceptance.fixed(1, tf32, tf32)))
+            ratios.append(weightdraw.excess(model(x), model.assuming_initial_norm(x), Acceptance.fixed(1, tf32, tf32)))
     assert min(ratios) > 10, sorted(ratios)[:5]
 
 
@@ -105,9 +106,9 @@ def test_excess_is_the_change_in_units_of_the_bound():
     old = torch.tensor([0.0, 1.0, 2.0, float("nan")])
     bound = 1e-3 * 1.29 + 1e-3 * old.abs()  # atol x max(1, RMS of the finite elements) + rtol x |old|
     new = old + torch.tensor([0.0, 0.0, 5.0, 1.0]) * bound
-    assert weights.excess(old, new, Acceptance.fixed(1, 1e-3, 1e-3)) == pytest.approx(5.0, rel=1e-2)
-    assert weights.excess((old, torch.arange(3)), (old, torch.arange(3) + 1), Acceptance.fixed(2, 1e-3, 1e-3)) == 0.0  # ints, NaN skipped
-    assert weights.excess(torch.arange(3), torch.arange(3), Acceptance.fixed(1, 1e-3, 1e-3)) is None
+    assert weightdraw.excess(old, new, Acceptance.fixed(1, 1e-3, 1e-3)) == pytest.approx(5.0, rel=1e-2)
+    assert weightdraw.excess((old, torch.arange(3)), (old, torch.arange(3) + 1), Acceptance.fixed(2, 1e-3, 1e-3)) == 0.0  # ints, NaN skipped
+    assert weightdraw.excess(torch.arange(3), torch.arange(3), Acceptance.fixed(1, 1e-3, 1e-3)) is None
 
 
 def test_match_names_what_differs():
@@ -122,12 +123,12 @@ def test_match_names_what_differs():
 
 
 def test_what_moves():
-    assert weights.moves({"key": "w", "shape": [3], "dtype": "float32", "kind": "param"})
-    assert weights.moves({"key": "bn.running_mean", "shape": [3], "dtype": "float16", "kind": "stat"})
-    assert not weights.moves({"key": "n", "shape": [], "dtype": "int64", "kind": "stat"})
-    assert not weights.moves({"key": "mask", "shape": [3], "dtype": "float32", "kind": "buffer"})
-    assert not weights.moves({"key": "e", "shape": [0, 4], "dtype": "float32", "kind": "param"})
-    assert not weights.moves({"key": "tied", "shape": [3], "dtype": "float32", "kind": "param", "same_as": 0})
+    assert weightdraw.moves({"key": "w", "shape": [3], "dtype": "float32", "kind": "param"})
+    assert weightdraw.moves({"key": "bn.running_mean", "shape": [3], "dtype": "float16", "kind": "stat"})
+    assert not weightdraw.moves({"key": "n", "shape": [], "dtype": "int64", "kind": "stat"})
+    assert not weightdraw.moves({"key": "mask", "shape": [3], "dtype": "float32", "kind": "buffer"})
+    assert not weightdraw.moves({"key": "e", "shape": [0, 4], "dtype": "float32", "kind": "param"})
+    assert not weightdraw.moves({"key": "tied", "shape": [3], "dtype": "float32", "kind": "param", "same_as": 0})
 
 
 def _write(tmp_path, name, src):

@@ -9,7 +9,8 @@ Where things are decided (one subpackage a room):
   output by the `Acceptance`, bills CPU time used outside the clock (`treecpu`) and widens the interval by the
   calibrated between-run part (`reproduce`).
 - **the processes** (`process/`): the judge process (`worker`: one job's sequence; `jobs`: its life), the two sides
-  (`side`, driven through `sideproc`, forked by `forker`), the wire and arenas between them, and `isolation`.
+  (`side`, driven through `sideproc`, forked by `forker`), the wire and arenas between them, `isolation`, `freeze`
+  and `audit`.
 - **the caller** (`caller/`): the static screen, starting and watching judge processes (`runner`, `zygote`,
   `warm`, `sandbox`, `gpushare`); it never runs candidate code.
 - **tripwires** (`tripwires/`): checks the candidate's own process runs on itself; trusted only as bad news.

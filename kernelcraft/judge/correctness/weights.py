@@ -1,136 +1,25 @@
-"""Weights and module mode are inputs: a candidate computes from its parameters and buffers as they are at call
-time, in the train/eval mode the protocol names.
+"""Weights are inputs: a candidate computes from its parameters and buffers as they are at call time.
 
 Where the reference has weights the judge moves, the candidate must be a drop-in (a strict `load_state_dict` of the
-reference's state_dict) or it is `incorrect` / `weights_mismatch`; a trial with new weights in both models must
-pass (`weights_ignored` otherwise), in every candidate process. The judge's own draw never charges the candidate
-(a reference made non-finite: skipped). A candidate that flips its own module mode is `rejected` / `mode_changed`.
+reference's state_dict) or it is `incorrect` / `weights_mismatch`; a trial with new weights (`weightdraw`) in both
+models must pass (`weights_ignored` otherwise), in every candidate process. The judge's own draw never charges the
+candidate (a reference made non-finite: skipped). The module mode is recorded here (`record_mode`); the sides apply
+and verify it (`modelstate`).
 
 Rationale: docs/design/judge-correctness.md#weights
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from kernelcraft.judge.process.arena import Arena, TensorSpec, attach
+from kernelcraft.judge.process.arena import Arena, TensorSpec
 from kernelcraft.judge.correctness.acceptance import Acceptance
-from kernelcraft.judge.correctness.compare import as_tensor_list, chunks, resolve_tolerance, with_retries
+from kernelcraft.judge.correctness.weightdraw import excess, moves, perturbed
 from kernelcraft.judge.reject import Reject
 
 MAX_LISTED = 8  # mismatching keys in the record
 MAX_NAMED = 4  # ... and in the message
-_MOVE = (0.3, 0.5)  # k: each element scaled by e^(+-k), normalised to mean 1
-_SHIFT = (0.15, 0.3)  # a uniform signed tensor (all zeros) also moved as a whole by +-this, times its scale
-_ADD = 0.05  # elementwise noise, uniform with this standard deviation (bounded: +-0.087), times the scale
 CLEAR_MARGIN = 10.0  # the new weights should move the reference's output by this many times the trial's tolerance
-
-
-# -- the sides ----------------------------------------------------------------------------------------------------
-def _mode_of(model: torch.nn.Module) -> str:
-    modes = {m.training for m in model.modules()}
-    return "train" if modes == {True} else "eval" if modes == {False} else "mixed"
-
-
-def apply_mode(side, msg: dict) -> dict:
-    """Right after construction, on both sides: note the mode construction left, set the protocol's."""
-    side.module_mode = msg.get("module_mode") or "train"
-    model = side.model
-    if not isinstance(model, torch.nn.Module):
-        side.mode_modules = []
-        return {"init_mode": None}
-    init = _mode_of(model)
-    model.train(side.module_mode == "train")
-    side.mode_modules = list(model.named_modules())
-    if side.role == "candidate":
-        verify_mode(side, "after the judge set the module mode with ModelNew.train()")
-    return {"init_mode": init}
-
-
-def verify_mode(side, when: str) -> None:
-    """Candidate only: the modules it had when the mode was set are still in that mode."""
-    want = getattr(side, "module_mode", "train") == "train"
-    for name, m in getattr(side, "mode_modules", ()):
-        if m.training != want:
-            what = f"module '{name}'" if name else "ModelNew"
-            raise Reject("rejected", ["mode_changed"],
-                         f"{when}: {what} is in {'train' if m.training else 'eval'} mode, the protocol's module "
-                         f"mode is {side.module_mode} (a candidate must not change its own .training)")
-
-
-def _stat_keys(model: torch.nn.Module) -> set[str]:
-    norm = torch.nn.modules.batchnorm._NormBase
-    return {f"{name}.{b}" if name else b for name, m in model.named_modules() if isinstance(m, norm)
-            for b in ("running_mean", "running_var")}
-
-
-def state(side, msg: dict, fds) -> dict:
-    """The model's state_dict() as the judge needs it: key, shape, dtype, kind (param | stat | buffer) and, for
-    an entry sharing storage with an earlier one (tied weights), `same_as` (its index). A model whose state
-    cannot be listed (not a Module, a non-tensor entry, a `state_dict` that raises) is reported, not raised: for
-    the candidate that is a state the reference's cannot load into (`weights_mismatch`)."""
-    model = side.model
-    if not isinstance(model, torch.nn.Module):
-        return {"type": "ok", "entries": None, "problem": f"{type(model).__name__} is not a torch.nn.Module"}
-    try:
-        params = {k for k, _ in model.named_parameters(remove_duplicate=False)}
-        stats = _stat_keys(model)
-        sd = model.state_dict()
-        items = list(sd.items())
-    except Exception as e:  # noqa: BLE001 - the judge records it
-        return {"type": "ok", "entries": None, "problem": f"state_dict() raised {type(e).__name__}: {e}"[:300]}
-    entries, seen = [], {}
-    for k, v in items:
-        if not isinstance(v, torch.Tensor):
-            return {"type": "ok", "entries": None, "problem": f"state_dict entry '{k}' is not a tensor"}
-        e = {"key": str(k), "shape": [int(s) for s in v.shape], "dtype": str(v.dtype).removeprefix("torch."),
-             "kind": "param" if k in params else "stat" if k in stats else "buffer"}
-        if v.numel():
-            tie = (v.data_ptr(), tuple(v.shape), tuple(v.stride()), v.dtype)
-            if tie in seen:
-                e["same_as"] = seen[tie]
-            else:
-                seen[tie] = len(entries)
-        entries.append(e)
-    return {"type": "ok", "entries": entries}
-
-
-def _sync(side) -> None:
-    if side.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def dump_state(side, msg: dict, fds) -> dict:
-    """Reference only: copy the current state into the judge's arena (kept mapped for `load_state`)."""
-    side.state_views = attach(msg["arena"], fds)
-    sd = side.model.state_dict()
-    for k, buf in zip(msg["keys"], side.state_views):
-        if buf is not None:
-            buf.copy_(sd[k])
-    _sync(side)
-    return {"type": "ok"}
-
-
-def load_state(side, msg: dict, fds) -> dict:
-    """load_state_dict(strict=True) from the judge's arena (a new one in the message, or the dumped one). A
-    failure is reported, not raised: the side restores its previous state and the judge records it."""
-    if "arena" in msg:
-        side.state_views = attach(msg["arena"], fds)
-    sd = dict(zip(msg["keys"], side.state_views))
-    model = side.model
-    before = {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
-    try:
-        model.load_state_dict(sd, strict=True)
-    except Exception as e:  # noqa: BLE001 - the judge records it
-        try:
-            model.load_state_dict(before, strict=False)
-        except Exception:  # noqa: BLE001
-            pass
-        _sync(side)
-        return {"type": "ok", "loaded": False, "error": f"{type(e).__name__}: {e}"[:500]}
-    _sync(side)
-    return {"type": "ok", "loaded": True}
 
 
 # -- the judge ------------------------------------------------------------------------------------------------------
@@ -169,130 +58,12 @@ def match(ref: list[dict], cand: list[dict] | None, problem: str = "") -> list[s
     return out
 
 
-def moves(e: dict) -> bool:
-    """Does the judge give this reference entry new values? A floating parameter or normalisation statistic with
-    elements, not the second key of a tied one."""
-    dtype = getattr(torch, str(e.get("dtype", "")), None)
-    return (e.get("kind") in ("param", "stat") and isinstance(dtype, torch.dtype) and dtype.is_floating_point
-            and math.prod(e["shape"]) > 0 and "same_as" not in e)
-
-
 def _contiguous(shape) -> tuple[int, ...]:
     stride, acc = [], 1
     for s in reversed(list(shape)):
         stride.append(acc)
         acc *= max(int(s), 1)
     return tuple(reversed(stride))
-
-
-# -- new values -------------------------------------------------------------------------------------------------------
-def _module(key: str) -> str:
-    return key.rsplit(".", 1)[0] if "." in key else ""
-
-
-def module_scales(values: list[torch.Tensor], entries: list[dict]) -> dict[str, float]:
-    """Per module (a key's prefix), the RMS of its moving tensors that are not all zero: the scale at which one of
-    its all-zero tensors is moved (PyTorch's default initialisation gives a Linear's or a convolution's bias its
-    weight's RMS, a norm layer's bias its weight's 1)."""
-    acc: dict[str, list[float]] = {}
-    for t, e in zip(values, entries):
-        if not moves(e):
-            continue
-        x = t.detach().double()
-        x = x[torch.isfinite(x)]
-        ss = float(x.square().sum())
-        if ss > 0:
-            a = acc.setdefault(_module(e["key"]), [0.0, 0])
-            a[0] += ss
-            a[1] += x.numel()
-    return {m: math.sqrt(ss / n) for m, (ss, n) in acc.items()}
-
-
-def _signed(like: torch.Tensor, bounds: tuple[float, float]) -> torch.Tensor:
-    """Elementwise +-k, k uniform within `bounds` (random signs): a move bounded away from zero."""
-    k = bounds[0] + (bounds[1] - bounds[0]) * torch.rand_like(like)
-    return torch.where(torch.rand_like(like) < 0.5, k, -k)
-
-
-def _perturb(t: torch.Tensor, hint: float) -> torch.Tensor:
-    """New values for one tensor (docs/design/judge-correctness.md#weights): every element scaled by a factor
-    e^(+-k) / E[cosh k] (mean 1, each at least ~20% from 1) plus bounded noise; a non-uniform tensor keeps its RMS,
-    a uniform signed one (all zeros, a zero gate) also moves as a whole by +-k times its scale; a non-negative one
-    stays non-negative."""
-    x = t.double() if t.dtype == torch.float64 else t.float()
-    finite = torch.isfinite(x)
-    vals = x[finite]
-    if not vals.numel():
-        return t
-    rms = float(vals.square().mean().sqrt())
-    scale = rms or hint
-    nonneg = rms > 0 and bool((vals >= 0).all())
-    uniform = bool(vals.max() == vals.min())
-    a, b = _MOVE
-    mean_factor = (math.sinh(b) - math.sinh(a)) / (b - a)  # E[cosh k]: the factors average to 1
-    noise = _ADD * math.sqrt(3) * (2 * torch.rand_like(x) - 1)  # uniform, standard deviation _ADD, bounded
-    new = x * torch.exp(_signed(x, _MOVE)) / mean_factor + scale * noise
-    if nonneg:
-        new = new.abs()  # a variance stays a variance
-    if rms > 0 and vals.numel() > 1:
-        now = float(new[finite].square().mean().sqrt())
-        new = new * (rms / now) if now > 0 else new  # the gain kept: deep networks neither blow up nor vanish
-    if uniform and not nonneg:
-        new = new + scale * float(_signed(torch.zeros(()), _SHIFT))  # off a constant guess (a zero bias, a zero gate)
-    return torch.where(finite, new, x).to(t.dtype)
-
-
-def perturbed(values: list[torch.Tensor], entries: list[dict]) -> tuple[list[torch.Tensor], int]:
-    """New values for parameters and normalisation statistics (the judge's RNG;
-    docs/design/judge-correctness.md#weights); other entries unchanged, a tied entry the value of the one it is
-    tied to. (values, how many were given new values)."""
-    hints = module_scales(values, entries)
-    out, n = [], 0
-    for i, (t, e) in enumerate(zip(values, entries)):
-        j = e.get("same_as")
-        if isinstance(j, int) and 0 <= j < i and out[j].shape == t.shape and out[j].dtype == t.dtype:
-            out.append(out[j])
-        elif moves(e) and t.is_floating_point() and t.numel():
-            out.append(_perturb(t, hints.get(_module(e["key"]), 1.0)))
-            n += 1
-        else:
-            out.append(t)
-    return out, n
-
-
-def excess(old, new, accepted: Acceptance, on: torch.device | None = None) -> float | None:
-    """How far `new` is from `old` in units of the elementwise bound the trials accepted (`acceptance`: atol times
-    `old`'s RMS, or max(1, RMS) under the fixed rule, plus rtol): the largest ratio over the finite elements of the
-    floating outputs, None where none is floating. Above 1, a candidate that still returned `old` would fail the
-    comparison by that factor."""
-    worst = None
-    for a, b, bound in zip(as_tensor_list(old) or [], as_tensor_list(new) or [], accepted.bounds):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point()
-                and a.shape == b.shape and a.numel()):
-            continue
-        at, rt = resolve_tolerance(a.dtype, bound.atol, bound.rtol)
-        rel = bound.relative()
-        x = with_retries(lambda chunk, dev, a=a, b=b: _excess_one(a, b, at, rt, chunk, dev, rel), on or a.device)
-        worst = x if worst is None else max(worst, x)
-    return worst
-
-
-def _excess_one(a: torch.Tensor, b: torch.Tensor, at: float, rt: float, chunk: int, dev: torch.device,
-                relative=None) -> float:
-    sq = torch.zeros((), dtype=torch.float64, device=dev)
-    n = torch.zeros((), dtype=torch.int64, device=dev)
-    for (x,) in chunks([a], chunk, dev):
-        f = torch.isfinite(x)
-        sq += torch.where(f, x, 0.0).square().sum()
-        n += f.sum()
-    rms = math.sqrt(float(sq) / int(n)) if int(n) else 0.0
-    scale = max(1.0, rms) if relative is None else max(rms, relative.floor, 1e-30)
-    worst = torch.zeros((), dtype=torch.float64, device=dev)
-    for x, y in chunks([a, b], chunk, dev):
-        both = torch.isfinite(x) & torch.isfinite(y)
-        ratio = (y - x).abs_().div_((x.abs() * rt + at * scale).clamp_min_(1e-300))
-        worst = torch.maximum(worst, torch.where(both, ratio, 0.0).max())
-    return min(float(worst), 1e12)
 
 
 # -- the check ----------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The forker and the reference side are forked before any job (and its nonce) is read. A job marked `warm` keeps the
 judge, forker and reference alive for the next job of its task unless its verdict, a death or the reference's
-state puts them in doubt (`NOT_REUSABLE`, `isolation.reference_tampering`) or its task is too large
+state puts them in doubt (`NOT_REUSABLE`, `audit.reference_tampering`) or its task is too large
 (`worth_keeping`). Every job gets a fresh candidate side; the device lock is released at each job's end, after its
 device memory went back.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelcraft.judge.process import failures, isolation
+from kernelcraft.judge.process import audit, failures, isolation
 from kernelcraft.judge.process.arena import Arena, total_bytes
 from kernelcraft.judge.process.forker import Forker
 from kernelcraft.judge.reject import Reject
@@ -150,7 +150,7 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
     keep = None
     if (job.get("warm") and isinstance(ev, evaluation_cls) and ev.ready is not None and out["status"] != "timeout"
             and not NOT_REUSABLE & set(out["reasons"]) and _alive(ref.pid) and _alive(forker.pid)
-            and worth_keeping(ev) and not isolation.reference_tampering(os.getpid(), ref.pid)):
+            and worth_keeping(ev) and not audit.reference_tampering(os.getpid(), ref.pid)):
         keep = ev.ready
     out["warm"] = {"kept": keep is not None, "pids": [os.getpid(), ref.pid, forker.pid] if keep else []}
     if keep is None:

@@ -1,9 +1,14 @@
-"""A model's state as the judge must restore it: weights, buffers, module modes, RNG streams, and tensors kept in
-plain attributes.
+"""A model's state in a side: what the judge must restore, and what the weights check and the module mode read and
+set.
 
 State is the state_dict, each module's `training` flag, the CPU and CUDA RNG states, and every tensor, None and
 Python scalar in a module's own attributes (not lists or dicts). `Snapshot` is the whole constructed state (a warm
 reference's `reset`); `plain_state` is the cheap part a stateful task changes, restored between timed rounds.
+
+The side's half of the weights check (judge/correctness/weights.py): `state` lists the state_dict, `dump_state` and
+`load_state` move it through the judge's arenas (a failed load is reported, the previous state kept); `apply_mode`
+sets the protocol's module mode after construction and `verify_mode` rejects a candidate whose modules left it
+(`mode_changed`).
 
 Rationale: docs/design/judge-process.md#modelstate
 """
@@ -11,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from kernelcraft.judge.process.arena import attach
+from kernelcraft.judge.reject import Reject
 from kernelcraft.judge.tripwires import calls as tripwires
 
 
@@ -90,3 +97,109 @@ class Snapshot:
             set_plain_state(model, self.attrs)
         if rng:
             set_rng_state(self.rng)
+
+
+# -- the side's half of the weights check and the module mode ----------------------------------------------------------
+def _mode_of(model: torch.nn.Module) -> str:
+    modes = {m.training for m in model.modules()}
+    return "train" if modes == {True} else "eval" if modes == {False} else "mixed"
+
+
+def apply_mode(side, msg: dict) -> dict:
+    """Right after construction, on both sides: note the mode construction left, set the protocol's."""
+    side.module_mode = msg.get("module_mode") or "train"
+    model = side.model
+    if not isinstance(model, torch.nn.Module):
+        side.mode_modules = []
+        return {"init_mode": None}
+    init = _mode_of(model)
+    model.train(side.module_mode == "train")
+    side.mode_modules = list(model.named_modules())
+    if side.role == "candidate":
+        verify_mode(side, "after the judge set the module mode with ModelNew.train()")
+    return {"init_mode": init}
+
+
+def verify_mode(side, when: str) -> None:
+    """Candidate only: the modules it had when the mode was set are still in that mode."""
+    want = getattr(side, "module_mode", "train") == "train"
+    for name, m in getattr(side, "mode_modules", ()):
+        if m.training != want:
+            what = f"module '{name}'" if name else "ModelNew"
+            raise Reject("rejected", ["mode_changed"],
+                         f"{when}: {what} is in {'train' if m.training else 'eval'} mode, the protocol's module "
+                         f"mode is {side.module_mode} (a candidate must not change its own .training)")
+
+
+def _stat_keys(model: torch.nn.Module) -> set[str]:
+    norm = torch.nn.modules.batchnorm._NormBase
+    return {f"{name}.{b}" if name else b for name, m in model.named_modules() if isinstance(m, norm)
+            for b in ("running_mean", "running_var")}
+
+
+def state(side, msg: dict, fds) -> dict:
+    """The model's state_dict() as the judge needs it: key, shape, dtype, kind (param | stat | buffer) and, for
+    an entry sharing storage with an earlier one (tied weights), `same_as` (its index). A model whose state
+    cannot be listed (not a Module, a non-tensor entry, a `state_dict` that raises) is reported, not raised: for
+    the candidate that is a state the reference's cannot load into (`weights_mismatch`)."""
+    model = side.model
+    if not isinstance(model, torch.nn.Module):
+        return {"type": "ok", "entries": None, "problem": f"{type(model).__name__} is not a torch.nn.Module"}
+    try:
+        params = {k for k, _ in model.named_parameters(remove_duplicate=False)}
+        stats = _stat_keys(model)
+        sd = model.state_dict()
+        items = list(sd.items())
+    except Exception as e:  # noqa: BLE001 - the judge records it
+        return {"type": "ok", "entries": None, "problem": f"state_dict() raised {type(e).__name__}: {e}"[:300]}
+    entries, seen = [], {}
+    for k, v in items:
+        if not isinstance(v, torch.Tensor):
+            return {"type": "ok", "entries": None, "problem": f"state_dict entry '{k}' is not a tensor"}
+        e = {"key": str(k), "shape": [int(s) for s in v.shape], "dtype": str(v.dtype).removeprefix("torch."),
+             "kind": "param" if k in params else "stat" if k in stats else "buffer"}
+        if v.numel():
+            tie = (v.data_ptr(), tuple(v.shape), tuple(v.stride()), v.dtype)
+            if tie in seen:
+                e["same_as"] = seen[tie]
+            else:
+                seen[tie] = len(entries)
+        entries.append(e)
+    return {"type": "ok", "entries": entries}
+
+
+def _sync(side) -> None:
+    if side.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def dump_state(side, msg: dict, fds) -> dict:
+    """Reference only: copy the current state into the judge's arena (kept mapped for `load_state`)."""
+    side.state_views = attach(msg["arena"], fds)
+    sd = side.model.state_dict()
+    for k, buf in zip(msg["keys"], side.state_views):
+        if buf is not None:
+            buf.copy_(sd[k])
+    _sync(side)
+    return {"type": "ok"}
+
+
+def load_state(side, msg: dict, fds) -> dict:
+    """load_state_dict(strict=True) from the judge's arena (a new one in the message, or the dumped one). A
+    failure is reported, not raised: the side restores its previous state and the judge records it."""
+    if "arena" in msg:
+        side.state_views = attach(msg["arena"], fds)
+    sd = dict(zip(msg["keys"], side.state_views))
+    model = side.model
+    before = {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    try:
+        model.load_state_dict(sd, strict=True)
+    except Exception as e:  # noqa: BLE001 - the judge records it
+        try:
+            model.load_state_dict(before, strict=False)
+        except Exception:  # noqa: BLE001
+            pass
+        _sync(side)
+        return {"type": "ok", "loaded": False, "error": f"{type(e).__name__}: {e}"[:500]}
+    _sync(side)
+    return {"type": "ok", "loaded": True}

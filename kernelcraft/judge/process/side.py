@@ -22,7 +22,6 @@ from kernelcraft.builder.cache import BuildCache
 from kernelcraft.devices import arch_for
 from kernelcraft.judge.process import arena, heap, isolation, modelstate
 from kernelcraft.judge.tripwires import guards, calls as tripwires
-from kernelcraft.judge.correctness import weights
 from kernelcraft.judge.correctness.compare import has_real_storage, is_plain_tensor
 from kernelcraft.judge.process.failures import classify
 from kernelcraft.judge.reject import Reject
@@ -133,7 +132,7 @@ class Side:
         torch.manual_seed(msg["seed"])
         model = self.cls(*init)
         self.model = model.to(self.device) if isinstance(model, torch.nn.Module) else model
-        mode = weights.apply_mode(self, msg)  # the protocol's module mode (judge/correctness/weights.py)
+        mode = modelstate.apply_mode(self, msg)  # the protocol's module mode
         if self.role == "reference":
             self._initial = modelstate.Snapshot(self.model, self.device)  # after the mode: `reset` restores it too
         # what `restore` puts back (stateful tasks' timed rounds); restoring clones, so the reference shares its copy
@@ -317,7 +316,7 @@ class Side:
             self.state.verify()
             guards.check_threads(self.state, self.path)
             guards.check_escaped_processes(exclude=self.peers)
-            weights.verify_mode(self, "after a call")
+            modelstate.verify_mode(self, "after a call")
         return {"type": "ok"}
 
     def cmd_peers(self, msg: dict, fds) -> dict:
@@ -327,13 +326,13 @@ class Side:
 
     # weights as inputs (judge/correctness/weights.py): list, dump and load the model's state_dict through the judge's arenas
     def cmd_state(self, msg: dict, fds) -> dict:
-        return weights.state(self, msg, fds)
+        return modelstate.state(self, msg, fds)
 
     def cmd_dump_state(self, msg: dict, fds) -> dict:
-        return weights.dump_state(self, msg, fds)
+        return modelstate.dump_state(self, msg, fds)
 
     def cmd_load_state(self, msg: dict, fds) -> dict:
-        return weights.load_state(self, msg, fds)
+        return modelstate.load_state(self, msg, fds)
 
     def cmd_fp64(self, msg: dict, fds) -> dict:
         """Calibrated precision: the reference's float64 evaluation of the current inputs (`fp64`), written into

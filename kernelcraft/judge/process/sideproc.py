@@ -14,7 +14,7 @@ import socket
 import time
 from pathlib import Path
 
-from kernelcraft.judge.process import isolation, side as side_mod
+from kernelcraft.judge.process import freeze, side as side_mod
 from kernelcraft.judge.speed import timing
 from kernelcraft.judge.reject import Reject
 from kernelcraft.judge.process.procs import children, descendants, describe_signal
@@ -80,12 +80,12 @@ class SideProc:
 
     def freeze(self) -> None:
         if not self.frozen:
-            isolation.freeze(self.pid)
+            freeze.freeze(self.pid)
             self.frozen = True
 
     def thaw(self) -> None:
         if self.frozen:
-            isolation.thaw(self.pid)
+            freeze.thaw(self.pid)
             self.frozen = False
 
     def request(self, msg: dict, fds=(), phase: str | None = None) -> dict:
@@ -95,7 +95,7 @@ class SideProc:
             self.end.send(msg, fds)
             reply = self.end.recv()
             self.freeze()
-        except (Closed, ValueError, isolation.SideGone) as e:
+        except (Closed, ValueError, freeze.SideGone) as e:
             raise self.death(e) from None
         if self.end.pending():
             raise Reject("rejected", ["forbidden_construct"], f"the {self.role} process wrote to the judge's "
@@ -116,7 +116,7 @@ class SideProc:
             self.freeze()
             left = clock.settle()
             t1 = clock.now()
-        except (Closed, ValueError, isolation.SideGone) as e:
+        except (Closed, ValueError, freeze.SideGone) as e:
             raise self.death(e) from None
         except timing.DeviceBusy as e:
             raise Reject("rejected", ["extra_stream"], f"{self.role}: {e}") from None

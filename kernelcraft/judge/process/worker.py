@@ -23,7 +23,7 @@ import secrets  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernelcraft.judge.process import failures, isolation, side as side_mod  # noqa: E402,E501
+from kernelcraft.judge.process import audit, failures, isolation, side as side_mod  # noqa: E402,E501
 from kernelcraft.judge.speed import rounds
 from kernelcraft.judge.correctness import trials, weights
 from kernelcraft.judge.tripwires import calls as tripwires
@@ -111,7 +111,7 @@ class Evaluation:
         if self.forker_pid:
             known["forker"] = self.forker_pid  # the judge's other child: not an orphan the candidate left
         inits = {self.cand.pid: self.cand.init_pid} if self.cand.init_pid else {}  # its PID namespace's pid 1
-        self.audit = isolation.Audit(os.getpid(), known, inits)
+        self.audit = audit.Audit(os.getpid(), known, inits)
         self.enter("check")
         accepted = trials.run_trials(self)  # the correctness trials, and the rule they hand on (correctness/acceptance.py)
         if not job.get("remeasure"):

@@ -13,7 +13,7 @@ import random
 
 import torch
 
-from kernelcraft.judge.process import isolation
+from kernelcraft.judge.process import freeze
 from kernelcraft.judge.correctness import weights
 from kernelcraft.judge.correctness.acceptance import Acceptance
 from kernelcraft.judge.reject import Reject
@@ -66,7 +66,7 @@ def check_stopped(procs: list[SideProc]) -> None:
     the seccomp filter refuses SIGCONT to the candidate, so one found running means a door this design missed."""
     for p in procs:
         mine = [p.pid] + descendants(p.pid) + (descendants(p.init_pid) if p.init_pid else [])  # (orphans: its init's)
-        running = [t for m in mine for t in isolation.running_threads(m)]
+        running = [t for m in mine for t in freeze.running_threads(m)]
         if running:
             raise Reject("rejected", ["thread_injection"], "a candidate process that the judge had frozen was "
                          f"running while another was timed (threads {', '.join(running[:4])})")
