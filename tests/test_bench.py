@@ -402,11 +402,89 @@ def test_optimize_when_no_candidates(tmp_path, cache_dir):
     rec = read_lines(tmp_path / "out" / "verdicts.jsonl")[0]
     assert rec["optimize"]["candidates"] == 2 and Path(rec["optimize"]["run_dir"]).is_dir()
     if rec["optimize"]["status"] == "improved":  # best.py judged afresh, like any candidate
-        assert rec["status"] == "correct" and rec["candidate_path"].endswith("best.py")
-    else:
-        assert rec["status"] == "no_candidate"
+        assert rec["status"] == "correct" and rec["candidate_path"].endswith("best.py") and "fallback" not in rec
+    else:  # scored at the run's fallback: correct, not faster, never a failure
+        assert rec["status"] == "correct" and rec["fallback"]["kind"] in ("reference", "fallback_candidate")
+        assert s["outcomes"]["not_faster"] == 1 and s["correct"] == 1
     assert "optimize_start" in events and events[-1] == "done"
     assert s["time_use"]["by_kind"]["search"]["evaluations"] >= 1  # the run's own evaluations, from its run.db
+
+
+def test_a_task_whose_search_verified_nothing_faster_is_scored_at_the_reference(tmp_path, monkeypatch, cache_dir):
+    """A search whose one candidate is correct but slower: its best.py is the reference (the fallback), and the
+    bench scores the task as correct, not faster, at 1.0x (not judged: the reference is 1.0x by definition)."""
+    from kernelcraft.bench import run as bench
+    from kernelcraft.search.policies import Proposal
+
+    slower = ("import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, A, B):\n"
+              "        torch.diag(A) @ B\n        return torch.diag(A) @ B\n")
+
+    class Once:
+        name, sources = "scripted", [slower]
+
+        def propose(self, ctx):
+            out, self.sources = [Proposal(x) for x in self.sources], []
+            return out
+
+    monkeypatch.setattr(bench, "make_policy", lambda spec, **kw: Once())
+    events = []
+    s = run(resolve("tiny/level1/diag_matmul", device="cpu"), tmp_path / "out",
+            opts(budget=1, optimize_options={"confirm": 0, "null_control": False}),
+            on_event=lambda kind, **d: events.append((kind, d)))
+    rec = read_lines(tmp_path / "out" / "verdicts.jsonl")[0]
+    assert rec["optimize"]["status"] == "no_improvement" and rec["optimize"]["best_kind"] == "reference", rec
+    assert (rec["status"], rec["speedup"], rec["timing"], rec["reasons"]) == ("correct", 1.0, None, [])
+    assert rec["fallback"]["kind"] == "reference" and rec["candidate_path"].endswith("best.py")
+    assert "scored at its fallback, the reference itself" in rec["message"]
+    assert s["outcomes"]["not_faster"] == 1 and s["correct"] == 1 and s["fast_p"]["0"] == 1.0
+    assert s["fast_p"]["1"] == 0.0 and s["geomean_speedup"] == 1.0 and s["fallbacks"]["reference"] == 1
+    assert s["items"][0]["fallback"] == "reference"
+    assert s["time_use"]["by_kind"].get("candidate") is None  # the reference was not judged: no evaluation
+    result = [d for k, d in events if k == "result"][0]
+    assert result["outcome"] == "not_faster" and result["fallback"] == "reference"
+
+
+def test_the_bench_fallback_takes_a_baseline_only_if_it_holds_when_judged_afresh():
+    """`bench.fallback.record`: a baseline the run did not evaluate itself, its 95% CI at or above the floor, is
+    judged afresh and stands if that verdict qualifies too; else the reference (1.0x, not judged); strict mode
+    takes no reference (None: the caller records `no_candidate`)."""
+    from kernelcraft.bench import fallback
+    from kernelcraft.bench.sources import Item
+    from kernelcraft.search.optimize import Result
+    from kernelcraft.task import load_task
+
+    it = Item(name="tiny/level1/relu", task=load_task("tiny/level1/relu"))
+    res = Result(task=it.name, status="no_improvement", best_path=None, best_speedup=None, candidates=2,
+                 run_dir="/nonexistent", best_kind="reference",
+                 fallback={"kind": "reference", "path": "/nonexistent/best.py", "speedup": 1.0, "ci95": None,
+                           "candidate": None, "confirmed": False, "techniques": [], "floor": 1.0})
+
+    def verdict(sp, lo, hi, status="correct", baseline=None, sha=None):
+        return {"status": status, "speedup": sp if status == "correct" else None, "timing": {"ci95": [lo, hi]},
+                "reasons": [], "baseline": baseline, "candidate_sha256": sha}
+
+    known = {"s-ind": verdict(1.4, 1.3, 1.5, baseline="inductor", sha="s-ind"),
+             "s-max": verdict(1.2, 0.9, 1.5, baseline="inductor-max-autotune", sha="s-max")}  # reaches below 1
+    judged = []
+
+    def judge(fresh):
+        def f(source, baseline=None):
+            judged.append(baseline)
+            return fresh
+        return f
+
+    kw = dict(dev="cpu", mode="open", env={})
+    rec = fallback.record(it, res, set(), known, judge(verdict(1.35, 1.2, 1.5)), "why", **kw)
+    assert judged == ["inductor"] and rec["fallback"]["kind"] == "baseline" and rec["speedup"] == 1.35
+    assert rec["fallback"]["baseline"] == "inductor" and "scored at the inductor baseline" in rec["message"]
+    judged.clear()
+    rec = fallback.record(it, res, set(), known, judge(verdict(1.1, 0.95, 1.3)), "why", **kw)  # did not hold
+    assert judged == ["inductor"] and rec["fallback"]["kind"] == "reference" and rec["speedup"] == 1.0
+    assert rec["fallback"]["tried"][0]["baseline"] == "inductor" and rec["status"] == "correct"
+    judged.clear()
+    rec = fallback.record(it, res, {"s-ind"}, known, judge(verdict(1.35, 1.2, 1.5)), "why", **kw)  # the run's own
+    assert judged == [] and rec["fallback"]["kind"] == "reference"
+    assert fallback.record(it, res, {"s-ind"}, known, judge(None), "why", **{**kw, "mode": "strict"}) is None
 
 
 def test_cli_time_limit_reaches_the_optimize_settings(tmp_path, cache_dir):

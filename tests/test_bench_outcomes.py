@@ -1,5 +1,5 @@
 """What a bench's tasks came to, counted apart and said in words: faster (correct, 95% CI above 1), correct but
-not faster (an optimize run that kept the reference among them), incorrect, rejected, failed; the CLI's headline,
+not faster (an optimize run scored at its fallback among them), incorrect, rejected, failed; the CLI's headline,
 table and legend, and the page's cards and legend, never read "0 correct" where every candidate was correct."""
 from __future__ import annotations
 
@@ -21,9 +21,19 @@ def _correct(lo, hi, speedup=None):
 
 
 def _kept(opt_status, statuses=None, correct=0):
-    """An optimize run that wrote no best.py: the bench's `no_candidate` record of it."""
-    return {"status": "no_candidate", "speedup": None, "message": "no best.py, counted as a failure",
+    """An optimize run whose fallback the bench did not take (strict mode): its `no_candidate` record."""
+    return {"status": "no_candidate", "speedup": None, "message": "no fallback strict mode accepts, counted as a failure",
             "optimize": {"status": opt_status, "correct": correct, "statuses": statuses or {}}}
+
+
+def _fell(kind="reference", speedup=1.0, ci=None, baseline=None, opt_status="no_improvement"):
+    """An optimize run scored at its fallback, as `bench.fallback.record` writes it: the reference (1.0x, not
+    judged), or a candidate or baseline judged afresh."""
+    return {"status": "correct", "speedup": speedup, "reasons": [], "timing": {"ci95": ci} if ci else None,
+            "message": "optimize found none verified faster: scored at its fallback",
+            "fallback": {"kind": kind, "baseline": baseline, "candidate": 3 if kind == "fallback_candidate" else None,
+                         "floor": 1.0, "run": "reference", "tried": []},
+            "optimize": {"status": opt_status, "correct": 1, "statuses": {"correct": 1}}}
 
 
 def test_each_record_comes_to_one_outcome():
@@ -40,6 +50,9 @@ def test_each_record_comes_to_one_outcome():
     assert outcome(_kept("no_correct", {"compile_error": 2, "parse_error": 1})) == "failed"
     assert outcome({"status": "no_candidate", "message": "no candidate file"}) == "no_candidate"
     assert outcome({"status": "input_error"}) is None and outcome({"status": "not_evaluated"}) is None
+    # an optimize run's fallback is correct and not faster, whatever its interval (a baseline's may lie above 1)
+    assert outcome(_fell()) == "not_faster" and outcome(_fell(opt_status="no_correct")) == "not_faster"
+    assert outcome(_fell("baseline", 1.4, [1.3, 1.5], "inductor")) == "not_faster"
 
 
 def _summary(records: dict[str, dict]) -> dict:
@@ -76,17 +89,39 @@ def _printed(s: dict, monkeypatch, width: int = PIPE_WIDTH, terminal: bool = Fal
     return console.export_text()
 
 
+def test_a_fallback_is_scored_as_correct_at_its_speedup():
+    """A task whose search verified nothing faster is a correct item at its fallback's speedup: the reference's
+    1.0x, or a baseline's measured number; counted apart in `fallbacks`, never a failure."""
+    s = _summary({"tiny/level1/relu": _fell(), "tiny/level1/gelu": _fell("baseline", 1.4, [1.3, 1.5], "inductor"),
+                  "tiny/level1/softmax": _correct(1.5, 2.5), "tiny/level2/matmul_sum": {"status": "incorrect"}})
+    assert s["correct"] == 3 and s["outcomes"]["not_faster"] == 2 and s["outcomes"]["incorrect"] == 1
+    assert s["fallbacks"] == {"reference": 1, "fallback_candidate": 0, "baseline": 1}
+    rows = {r["item"]: r for r in s["items"]}
+    assert rows["tiny/level1/relu"]["speedup"] == 1.0 and rows["tiny/level1/relu"]["fallback"] == "reference"
+    assert rows["tiny/level1/gelu"]["fallback"] == "inductor" and rows["tiny/level1/gelu"]["ci95"] == [1.3, 1.5]
+    assert rows["tiny/level1/softmax"]["fallback"] is None
+    assert s["fast_p"]["0"] == 0.75 and s["fast_p"]["1"] == 0.5  # the reference is not above 1x; the baseline is
+    sp = [1.0, 1.4, (1.5 * 2.5) ** 0.5, 1.0]  # the failure at 1.0 too
+    assert abs(s["geomean_speedup"] - (sp[0] * sp[1] * sp[2] * sp[3]) ** 0.25) < 1e-9
+    assert abs(s["geomean_speedup_correct"] - (sp[0] * sp[1] * sp[2]) ** (1 / 3)) < 1e-9
+
+
 def test_all_correct_none_faster_is_not_headlined_as_nothing_correct(monkeypatch):
-    s = _summary({"tiny/level1/relu": _kept("no_improvement", {"correct": 1}, correct=1),
-                  "tiny/level1/gelu": _kept("no_improvement", {"correct": 2}, correct=2)})
-    assert s["correct"] == 0  # the contract's count: no candidate was delivered, the reference stays
+    s = _summary({"tiny/level1/relu": _fell(), "tiny/level1/gelu": _fell(opt_status="no_correct")})
+    assert s["correct"] == 2  # scored at the fallback: the reference, correct by definition
     text = _printed(s, monkeypatch)
     head = text.splitlines()[0]
-    assert head == ("2 task(s): 0 faster · 2 correct, not faster (2 of them: optimize kept the reference, no "
-                    "best.py) · 0 incorrect · 0 failed"), head
+    assert head == ("2 task(s): 0 faster · 2 correct, not faster (2 of them at optimize's fallback, none verified "
+                    "faster: 2 the reference) · 0 incorrect · 0 failed"), head
     assert "0 correct" not in head
     legend = [ln for ln in text.splitlines() if ln.startswith("faster: ")]
-    assert len(legend) == 1 and "95% CI above 1x" in legend[0] and "writes no best.py" in legend[0]  # one line, whole
+    assert len(legend) == 1 and "95% CI above 1x" in legend[0] and "scored at its fallback" in legend[0]  # whole
+    # without a fallback (strict mode): the run's correct candidates still read as correct, not faster
+    kept = _summary({"tiny/level1/relu": _kept("no_improvement", {"correct": 1}, correct=1)})
+    assert kept["correct"] == 0  # no candidate was delivered, the reference stays: a failure at 1.0
+    assert _printed(kept, monkeypatch).splitlines()[0] == (
+        "1 task(s): 0 faster · 1 correct, not faster (1 of them: optimize found none verified faster and had no "
+        "fallback, scored as failures) · 0 incorrect · 0 failed")
     fp = [ln for ln in text.splitlines() if ln.startswith("fP (fast_p): ")]
     assert len(fp) == 1 and "point estimate" in fp[0] and len(fp[0]) > 200  # never wrapped in a pipe
     assert "…" not in text
@@ -108,8 +143,7 @@ def test_a_mixed_bench_names_only_the_outcomes_it_has(monkeypatch):
 def test_the_bench_page_names_outcomes_and_explains_fast_p():
     from kernelcraft.bench.report import render
 
-    s = _summary({"tiny/level1/relu": _kept("no_improvement", {"correct": 1}, correct=1),
-                  "tiny/level1/gelu": _correct(1.3, 2.0)})
+    s = _summary({"tiny/level1/relu": _fell(), "tiny/level1/gelu": _correct(1.3, 2.0)})
     html = render(s)
     cards = html[html.index("id='summary'"):html.index("</div></div>", html.index("id='summary'"))]
     assert re.search(r"correct, not faster<b><span class='warn' id='outcome-not_faster'>1</span>", cards), cards
@@ -118,9 +152,10 @@ def test_the_bench_page_names_outcomes_and_explains_fast_p():
     assert "id='outcome-rejected'" not in cards  # none rejected: no card for it
     # each card says what its number means (a tooltip), and a legend under the cards says it on the page
     assert "title='correct, and the speedup&#x27;s 95% CI lies above 1x'" in cards
-    assert "<dl id='outcomes'" in html and "no best.py was written" in html
+    assert "<dl id='outcomes'" in html and "scored, as correct, at its fallback" in html
+    assert "id='fallbacks'>1<" in cards  # tasks scored at a fallback, counted apart
     legend = html[html.index("id='fastp-legend'"):]
     assert "fast_p: the share of all scored tasks" in legend and "point estimate" in legend
     assert re.search(r"<th class='num' title='correct with a speedup above 1x[^']*'>fast<sub>1</sub>", html)
     tasks = html[html.index("<table id='items'>"):]
-    assert "no_candidate" in tasks and "· correct, not faster" in tasks
+    assert "· correct, not faster" in tasks and "· fallback: reference" in tasks

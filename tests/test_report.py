@@ -289,3 +289,22 @@ def test_report_of_a_directory_kernelcraft_did_not_write_is_one_line(tmp_path):
         r = CliRunner().invoke(app, ["report", str(target)])
         err = r.stderr.strip()
         assert r.exit_code == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
+
+
+def test_report_of_a_run_that_fell_back_says_so(story_dir):
+    """No verified win: the page's best section, headline card and leaderboard say best.py holds the fallback."""
+    db = RunDB(story_dir)
+    db.set_meta("summary", {"status": "no_improvement", "best_candidate": None, "best_speedup": None, "bar": 3.0,
+                            "confirmed": False, "stopped": "budget", "best_kind": "fallback_candidate",
+                            "fallback": {"kind": "fallback_candidate", "path": str(story_dir / "best.py"),
+                                         "speedup": 1.63, "ci95": [1.55, 1.70], "candidate": 2, "confirmed": True,
+                                         "techniques": ["rewrite"], "floor": 1.0}})
+    db.close()
+    html = write_report(story_dir).read_text()
+    best = html[html.index("id='best'"):html.index("</p>", html.index("id='best'"))]
+    assert "<b>Fallback</b>: no candidate was verified faster" in best and "candidate #2" in best, best
+    assert "1.63x (95% CI 1.55–1.70, confirmed in a fresh worker" in best and "not verified faster" in best
+    assert re.search(r"<span id='headline'>1\.63x</span>", html) and "fallback: not verified faster" in html
+    board = html[html.index("id='leaderboard'"):html.index("</table>", html.index("id='leaderboard'"))]
+    assert board.count("best.py (fallback)") == 1 and "data-id='2'" in board
+    assert "class='diff'" in html and "<b>fallback</b>" in html[html.index("id='terms'"):]  # the term, explained

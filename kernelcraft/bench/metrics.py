@@ -2,8 +2,9 @@
 
 Over the scored items (all but input errors): `fast_p` and the geomean/median speedups count every failure
 (as not fast, and as 1.0); `*_correct` variants are over correct items only; `*_vs_compile` divide by the
-task's best correct `torch.compile` baseline. Intervals come from the per-task CIs. `summarise` builds the
-summary record (the `--json` contract's keys first).
+task's best correct `torch.compile` baseline. An optimize run's fallback is a correct item at its speedup
+(`bench.fallback`). Intervals come from the per-task CIs. `summarise` builds the summary record (the `--json`
+contract's keys first).
 Rationale: docs/design/bench.md#metrics
 """
 from __future__ import annotations
@@ -66,27 +67,45 @@ OUTCOME_WORDS = {"faster": "faster", "not_faster": "correct, not faster", "incor
                  "rejected": "rejected", "failed": "failed", "no_candidate": "without a candidate"}
 OUTCOME_MEANING = {
     "faster": "correct, and the speedup's 95% CI lies above 1x",
-    "not_faster": "correct, but the speedup's 95% CI reaches 1x or below; with optimize: correct candidates were "
-                  "found but none verified faster, so no best.py was written and the reference stays (scored as a "
-                  "failure, 1.0x)",
-    "incorrect": "outputs outside tolerance (with optimize: no correct candidate, some of them incorrect)",
+    "not_faster": "correct, but the speedup's 95% CI reaches 1x or below; or, with optimize, no candidate was "
+                  "verified faster and the task is scored, as correct, at its fallback's speedup: the reference "
+                  "itself (1.0x), or a candidate or baseline judged afresh no slower than it with confidence; in "
+                  "strict mode, where the reference is no answer, a run with correct candidates and no fallback "
+                  "counts here as a failure at 1.0x",
+    "incorrect": "outputs outside tolerance (with optimize in strict mode, without a fallback: no correct "
+                 "candidate, some of them incorrect)",
     "rejected": "a guard rejected it (a shortcut such as a cached output or a patched timer, or a speedup that did "
                 "not reproduce; its reason names which): a failure",
-    "failed": "build error, runtime error or timeout (with optimize: no candidate got as far as a wrong output)",
+    "failed": "build error, runtime error or timeout (with optimize in strict mode, without a fallback: no "
+              "candidate got as far as a wrong output)",
     "no_candidate": "no candidate file for this task",
 }
+
+
+FALLBACK_KINDS = ("reference", "fallback_candidate", "baseline")  # what a fallback record scored (`bench.fallback`)
+
+
+def fallback_label(fb: dict | None) -> str | None:
+    """A bench record's fallback in a word or two: `reference`, `candidate #N`, or the baseline's name."""
+    if not fb:
+        return None
+    return {"reference": "reference", "fallback_candidate": f"candidate #{fb.get('candidate')}"}.get(
+        fb["kind"], fb.get("baseline") or fb["kind"])
 
 
 def outcome(rec: dict) -> str | None:
     """What a bench verdict record came to, one of `OUTCOMES`; None for what is not scored (input errors, tasks
     judged for their baselines only). `faster` needs the 95% CI's lower end above 1 (a correct verdict without an
-    interval is `not_faster`). A `no_candidate` record of an optimize run says why through `optimize.status`: correct
-    candidates none of which was verified faster (`not_faster`), or none correct (`incorrect` when one of them was,
+    interval is `not_faster`); an optimize run's fallback (a record with `fallback`) is `not_faster`, whatever its
+    interval. A `no_candidate` record of an optimize run says why through `optimize.status`: correct candidates
+    none of which was verified faster (`not_faster`), or none correct (`incorrect` when one of them was,
     `rejected` when one was caught, else `failed`)."""
     status = rec.get("status")
     if status in ("input_error", "not_evaluated"):
         return None
     if status == "correct":
+        if rec.get("fallback"):
+            return "not_faster"
         ci = (rec.get("timing") or {}).get("ci95") or rec.get("ci95")
         return "faster" if ci and ci[0] is not None and ci[0] > 1.0 else "not_faster"
     if status in ("incorrect", "rejected"):
@@ -188,7 +207,8 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
                      "cand_ms": (rec.get("timing") or {}).get("cand_ms"),
                      "best_compile": best_c[0] if compile_names else None,
                      "baselines": {b: {"status": bs[b].get("status"), "speedup": bs[b].get("speedup")} for b in bs},
-                     "outcome": outcome(rec), "message": first_line(rec.get("message")), "key": it.key})
+                     "outcome": outcome(rec), "fallback": fallback_label(rec.get("fallback") if correct else None),
+                     "message": first_line(rec.get("message")), "key": it.key})
     with_compile = bool(compile_names)
     scored = not opts.baselines_only
     m = metrics(rows, vs_compile=with_compile) if scored else {
@@ -196,6 +216,10 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
         "fast_p": None, "geomean_speedup": None, "median_speedup": None, "outcomes": None}
     if scored and not rows:
         m["outcomes"] = {k: 0 for k in OUTCOMES}
+    if scored:  # tasks scored at an optimize run's fallback, by what stood (`bench.fallback`)
+        m["fallbacks"] = {k: sum((records.get(it.key) or {}).get("status") == "correct" and
+                                 ((records.get(it.key) or {}).get("fallback") or {}).get("kind") == k for it in items)
+                          for k in FALLBACK_KINDS}
     if scored and not with_compile:
         m.update({"fast_p_vs_compile": None, "geomean_speedup_vs_compile": None, "median_speedup_vs_compile": None,
                   "fast_p_vs_compile_range": None, "geomean_speedup_vs_compile_ci95": None})

@@ -211,6 +211,8 @@ def _items_table(summary: dict) -> str:
         reasons = f" <span class='muted'>({_e(', '.join(r['reasons']))})</span>" if r["reasons"] else ""
         if r.get("outcome") in ("faster", "not_faster"):  # the headline's word for it
             reasons += f" <span class='muted'>· {_e(OUTCOME_WORDS[r['outcome']])}</span>"
+        if r.get("fallback"):  # scored at an optimize run's fallback (bench/fallback.py)
+            reasons += f" <span class='warn'>· fallback: {_e(r['fallback'])}</span>"
         ci = r.get("ci95")
         cells = []
         for b in names:
@@ -300,6 +302,11 @@ def render(summary: dict) -> str:
                    + "<span class='muted' style='font-size:12px;display:block'>failures = 1.0</span>",
                    "geometric mean over all scored tasks, every failure counted as 1.0x (the reference stays)"),
                   ("geomean (correct)", _x(s.get("geomean_speedup_correct")), "geometric mean over correct tasks only")]
+        fell = s.get("fallbacks") or {}
+        if any(fell.values()):
+            cards.append(("at a fallback", f"<span class='warn' id='fallbacks'>{sum(fell.values())}</span>",
+                          "correct, not faster: optimize verified no candidate faster and the task is scored at its "
+                          "fallback (" + ", ".join(f"{k} {n}" for k, n in fell.items() if n) + ")"))
         if s.get("fast_p_vs_compile"):
             cards.append(("fast<sub>1</sub> vs compile", _pct(s["fast_p_vs_compile"].get("1")),
                           "fast_1 against each task's best correct torch.compile baseline instead of eager"))

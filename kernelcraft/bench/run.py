@@ -1,10 +1,11 @@
 """`kernelcraft bench SOURCE`: judge a whole suite of (task, candidate) pairs against baselines and summarise.
 
 Every candidate and baseline goes through one `serve.pool.Pool` under one protocol, submitted task by task;
-tasks without a candidate are optimized (`OUT/runs/<task>`, `--task-jobs` at a time) and their `best.py`
-judged afresh. Each result is appended to `OUT/verdicts.jsonl` as it arrives (fsync'd), keyed by (task sha,
-candidate sha or optimize settings): a rerun with the same `--out` resumes from it. `OUT/bench.json` pins the
-device and the protocol; a rerun with others is refused. Ctrl-C keeps finished lines and raises `Interrupted`.
+tasks without a candidate are optimized (`OUT/runs/<task>`, `--task-jobs` at a time) and their verified-faster
+`best.py` judged afresh, or their fallback scored (`bench.fallback`). Each result is appended to
+`OUT/verdicts.jsonl` as it arrives (fsync'd), keyed by (task sha, candidate sha or optimize settings): a rerun
+with the same `--out` resumes from it. `OUT/bench.json` pins the device and the protocol; a rerun with others is
+refused. Ctrl-C keeps finished lines and raises `Interrupted`.
 The library prints nothing: progress goes to `on_event(kind, **data)`.
 Rationale: docs/design/bench.md#run
 """
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from kernelcraft import devices
 from kernelcraft.bench import baselines as bl
-from kernelcraft.bench.metrics import first_line, metrics, outcome, summarise
+from kernelcraft.bench import fallback
+from kernelcraft.bench.metrics import fallback_label, first_line, metrics, outcome, summarise
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.records import base_record, bench_verdict, measured_texts, record, text_sha256
 from kernelcraft.bench.report import write_report
@@ -301,7 +303,8 @@ def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: t
         group = groups[key]
         log.append(record(rec, group))
         emit("result", what="item", name=group[0].name, status=rec["status"], speedup=rec["speedup"],
-             message=first_line(rec["message"]), outcome=outcome(rec), ci95=(rec.get("timing") or {}).get("ci95"))
+             message=first_line(rec["message"]), outcome=outcome(rec), ci95=(rec.get("timing") or {}).get("ci95"),
+             fallback=fallback_label(rec.get("fallback")))
         return len(group)
 
     return run_tasks(keys, jobs, stop, lambda key: optimize_one(groups[key][0]), finished,
@@ -320,35 +323,48 @@ def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, proto: Pro
     except (RunInUse, PolicyError, ValueError) as e:  # a bad option or a clashing run directory
         raise BenchError(f"optimize {it.name}: {e}") from None
     summary = res.to_json()
-    if res.best_path:  # the search's own numbers are its maximum: judge best.py afresh, like any candidate
-        source = Path(res.best_path).read_text()
+
+    def judge(source: str, baseline: str | None = None, what: str = "its fallback") -> dict:
         if stop is not None and stop.is_set():
-            raise Cancelled(f"optimize {it.name}: cancelled before judging best.py")
-        rec = pool.submit(it.task, source).result().to_json()
+            raise Cancelled(f"optimize {it.name}: cancelled before judging {what}")
+        timeout = {"timeout_s": max(proto.timeout_s, bl.MIN_TIMEOUT_S.get(baseline, 0.0))} if baseline else {}
+        v = pool.submit(it.task, source, **timeout).result().to_json()
         if stop is not None and stop.is_set():  # its worker may have been killed: not a verdict
-            raise Cancelled(f"optimize {it.name}: cancelled while judging best.py")
+            raise Cancelled(f"optimize {it.name}: cancelled while judging {what}")
+        return v
+
+    if res.best_path:  # the search's own numbers are its maximum: judge best.py afresh, like any candidate
+        rec = judge(Path(res.best_path).read_text(), what="best.py")
         rec.update(candidate_path=res.best_path)
     else:
         why = {"no_improvement": f"optimize found {res.correct} correct candidate(s) but none verified faster than "
                                  "the reference",
                "no_correct": "optimize found no correct candidate"}.get(res.status, res.status)
-        rec = bench_verdict(it, "no_candidate", f"{why} ({res.candidates} candidates, policy {res.policy}): no "
-                             "best.py, counted as a failure", dev, proto.mode, env)
+        why += f" ({res.candidates} candidates, policy {res.policy})"
+        rec = fallback.record(it, res, {r.sha256 for r in _rows(run_dir)}, known or {}, judge, why, dev=dev,
+                              mode=proto.mode, env=env) if res.fallback else None
+        if rec is None:  # strict mode: the reference is no answer there (docs/bench.md#fallbacks)
+            nothing = "no fallback strict mode accepts" if res.fallback else "no best.py"
+            rec = bench_verdict(it, "no_candidate", f"{why}: {nothing}, counted as a failure", dev, proto.mode, env)
     rec["optimize"] = {k: summary[k] for k in ("status", "best_speedup", "best_ci95", "confirmed", "candidates",
                                                "correct", "verified_faster", "stopped", "run_dir", "best_techniques",
-                                               "wall_s")}
+                                               "wall_s", "best_kind", "fallback")}
     rec["optimize"]["statuses"] = _statuses(run_dir)  # why a search without a correct candidate failed
     return rec
 
 
-def _statuses(run_dir: Path) -> dict[str, int]:
-    """The run's finished candidates by status."""
+def _rows(run_dir: Path) -> list:
     db = RunDB(run_dir)
     try:
-        rows = db.rows("WHERE state = 'done'")
+        return db.rows()
     finally:
         db.close()
+
+
+def _statuses(run_dir: Path) -> dict[str, int]:
+    """The run's finished candidates by status."""
     out: dict[str, int] = {}
-    for r in rows:
-        out[r.status or "?"] = out.get(r.status or "?", 0) + 1
+    for r in _rows(run_dir):
+        if r.state == "done":
+            out[r.status or "?"] = out.get(r.status or "?", 0) + 1
     return out

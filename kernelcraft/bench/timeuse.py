@@ -61,7 +61,7 @@ def records(verdicts: Iterable[dict], baselines: Iterable[dict], runs: Path):
     """(kind, task sha256 or None, level or None, verdict) for every evaluation: the bench's verdict records, its
     baseline records, and the optimize runs' databases under `runs`."""
     for rec in verdicts:
-        if rec.get("status") in ("input_error", "no_candidate"):
+        if rec.get("status") in ("input_error", "no_candidate") or (rec.get("fallback") or {}).get("kind") == "reference":
             continue  # settled by the bench: no evaluation
         yield "candidate", rec.get("task_sha256"), rec.get("level"), rec
     for rec in baselines:

@@ -77,8 +77,10 @@ class _BenchProgress:
                 console.print(f"[dim]    {who}candidate #{x.get('id') or '-'} {escape(x['status'])}{sp}[/dim]",
                               highlight=False)
             elif e == "done":
+                fb = (x.get("fallback") or {}).get("kind")
                 console.print(f"[dim]    {who}optimize: {escape(x['status'])} after {x['candidates']} candidate(s)"
-                              + ("; judging best.py afresh" if x.get("best_path") else "") + "[/dim]",
+                              + ("; judging best.py afresh" if x.get("best_path") else
+                                 f"; best.py is its fallback, {_FALLBACK_WORDS.get(fb, fb)}" if fb else "") + "[/dim]",
                               highlight=False)
         elif kind == "done":
             self.progress.stop()
@@ -98,20 +100,29 @@ def _result_line(d: dict) -> str:
     if o == "faster":
         return f"[green]faster[/green]{sp}"
     if o == "not_faster":
-        return f"[yellow]correct, not faster[/yellow]{sp}" + ("" if d["status"] == "correct" else
-                                                               f": [dim]{escape(d['message'])}[/dim]")
+        return f"[yellow]correct, not faster[/yellow]{sp}" + (
+            f" [dim](optimize's fallback: {escape(d['fallback'])})[/dim]" if d.get("fallback") else
+            "" if d["status"] == "correct" else f": [dim]{escape(d['message'])}[/dim]")
     if d["status"] == "correct":
         return f"[green]correct[/green]{sp}"
     return f"[red]{escape(d['status'])}[/red] [dim]{escape(d['message'])}[/dim]"  # whole: its end matters
+
+
+_FALLBACK_WORDS = {"reference": "the reference", "fallback_candidate": "a candidate no slower",
+                   "baseline": "a baseline"}
 
 
 def outcome_line(s: dict) -> str:
     """The bench's headline: what the scored tasks came to, each outcome counted once (`metrics.outcome`)."""
     o = s.get("outcomes") or {}
     kept = sum(r.get("outcome") == "not_faster" and r.get("status") == "no_candidate" for r in s.get("items") or [])
+    fell = {k: n for k, n in (s.get("fallbacks") or {}).items() if n}
+    notes = ([f"{sum(fell.values())} of them at optimize's fallback, none verified faster: "
+              + ", ".join(f"{n} {_FALLBACK_WORDS.get(k, k)}" for k, n in fell.items())] if fell else []) + (
+        [f"{kept} of them: optimize found none verified faster and had no fallback, scored as failures"]
+        if kept else [])
     parts = [f"{o.get('faster', 0)} faster",
-             f"{o.get('not_faster', 0)} correct, not faster" + (f" ({kept} of them: optimize kept the reference, no "
-                                                                  "best.py)" if kept else ""),
+             f"{o.get('not_faster', 0)} correct, not faster" + (f" ({'; '.join(notes)})" if notes else ""),
              f"{o.get('incorrect', 0)} incorrect", f"{o.get('failed', 0)} failed"]
     parts += [f"{o[k]} {OUTCOME_WORDS[k]}" for k in ("rejected", "no_candidate") if o.get(k)]
     return f"{s['tasks']} task(s): " + " · ".join(parts)
@@ -140,7 +151,9 @@ def _bench_table(s: dict) -> None:
     print_table(t, out)
     out.print("[dim]faster: correct with the speedup's 95% CI above 1x · failed: build error, runtime error or "
               "timeout · correct: the judged candidate (given, or optimize's best.py) is correct; a search that found "
-              "none faster writes no best.py and its task counts as a failure at 1.0x[/dim]", highlight=False)
+              "none faster is scored at its fallback, as correct and not faster: the reference itself (1.0x), or a "
+              "candidate or baseline judged afresh no slower than it with confidence (strict mode takes no "
+              "reference: a failure at 1.0x)[/dim]", highlight=False)
     out.print("[dim]fP (fast_p): share of all tasks that are correct with speedup > P, the point estimate (f1 can "
               "count a task whose CI reaches below 1) · geomean/median: all tasks, failures as 1.0, "
               "[CI from the per-task CIs] · geo ok: correct tasks only · /compile: against each task's best "

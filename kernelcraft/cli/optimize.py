@@ -20,6 +20,7 @@ from kernelcraft.cli.common import (DEVICE, app, console, out, print_json, tier_
                                     with_protocol)
 from kernelcraft.protocol import Protocol
 from kernelcraft.cli.interrupt import EXIT_INTERRUPTED, Interrupts
+from kernelcraft.search import fallback
 from kernelcraft.search.optimize import Cancelled, Options, RunInUse, optimize
 from kernelcraft.search.policies import PolicyError
 from kernelcraft.task import TaskError
@@ -141,7 +142,8 @@ def optimize_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the run summary as JSON (last line)"),
     protocol: Protocol = None,
 ):
-    """Search for a faster ModelNew: propose, verify, repeat; writes OUT/best.py for a verified win."""
+    """Search for a faster ModelNew: propose, verify, repeat; writes OUT/best.py: a verified win, else a labelled
+    fallback (the reference itself, or a correct candidate no slower than it with confidence)."""
     checks.choice(selector, "--selector", ("contrastive", "random"))
     checks.choice(backend, "--backend", ("any", "cuda", "triton", "pytorch"))
     checks.positive(time_limit, "--time-limit", " seconds")
@@ -185,13 +187,19 @@ def optimize_cmd(
         out.print(f"best: [bold]{res.best_speedup:.2f}x[/bold] (95% CI {lo:.2f}–{hi:.2f}"
                   f"{', confirmed in a fresh worker' if res.confirmed else ''}) — {', '.join(res.best_techniques)}")
         out.print(f"wrote {res.best_path}")
+    elif res.fallback:
+        out.print(f"no candidate was verified faster than the reference: {escape(fallback.describe(res.fallback))}",
+                  highlight=False)
+        out.print(f"wrote {escape(res.fallback['path'])} (a fallback, labelled so in its header)", highlight=False)
     else:
-        out.print("no candidate was verified faster than the reference: no best.py written")
+        out.print("no candidate was verified faster than the reference")
     out.print(f"report: kernelcraft report {res.run_dir}")
     out.print(f"[dim]verified faster: correct, and the lower end of the speedup's 95% CI above the bar, here "
               f"{res.bar:.2f}x (--min-speedup, raised to the null control's speedup when the control's CI lies wholly above 1; "
               "the null control is the reference timed against itself) · confirmed: re-timed in a fresh worker with "
-              "new inputs, another seed and twice the timing budget, and still verified faster[/dim]", highlight=False)
+              "new inputs, another seed and twice the timing budget, and still verified faster"
+              + (f" · fallback: what best.py holds when none is verified faster, {escape(fallback.RULE)}"
+                 if res.fallback else "") + "[/dim]", highlight=False)
 
 
 def _counts(run_dir: Path, res) -> str:

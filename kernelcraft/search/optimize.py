@@ -2,17 +2,17 @@
 
 Every proposal is stored before it is evaluated and every verdict as it arrives, so a run resumes (same
 `--out`) where it stopped; the budget counts candidates across invocations. A null control sets the bar.
-`OUT/best.py` is written only for a candidate that is correct, verified faster (95% CI lower bound above the
-bar), a drop-in for the reference's weights and, unless `confirm` is 0, confirmed by a re-measurement in a
-fresh worker; it is byte-identical to what was verified. The run's protocol is pinned in the database. The
-library prints nothing (`on_event`); `cancel` stops a run, dropping verdicts that arrive after it.
+The best is a candidate that is correct, verified faster (95% CI lower bound above the bar), a drop-in for the
+reference's weights and, unless `confirm` is 0, confirmed by a re-measurement in a fresh worker; `OUT/best.py`
+is byte-identical to it. Without one, a finished run writes its fallback there (`search.fallback`), labelled.
+The run's protocol is pinned in the database. The library prints nothing (`on_event`); `cancel` stops a run,
+dropping verdicts that arrive after it.
 Rationale: docs/design/search.md#optimize
 """
 from __future__ import annotations
 
 import fcntl
 import json
-import os
 import random
 import threading
 import time
@@ -25,6 +25,7 @@ from kernelcraft.devices import default_device, default_jobs, device_info
 from kernelcraft.evaluate import evaluate
 from kernelcraft.protocol import Protocol
 from kernelcraft.search import exemplars as ex
+from kernelcraft.search import fallback
 from kernelcraft.search.policies import Context, Policy, make_policy
 from kernelcraft.search.prompt import Failure
 from kernelcraft.search.rundb import RunDB
@@ -82,7 +83,7 @@ class Options:
 class Result:
     task: str
     status: str  # improved | no_improvement | no_correct
-    best_path: str | None
+    best_path: str | None  # the verified-faster best's (best_* and confirmed: null/False without one)
     best_speedup: float | None
     candidates: int
     run_dir: str
@@ -106,6 +107,8 @@ class Result:
     budget: int | None = None
     wall_s_total: float = 0.0
     invocations: int = 1
+    best_kind: str = ""  # what OUT/best.py holds: candidate | fallback_candidate | reference (fallback.KINDS)
+    fallback: dict | None = None  # without a verified-faster best: what best.py holds, its speedup and CI
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -336,6 +339,14 @@ class _Run:
         return why or (f"the {self.opts.policy} policy has nothing new to propose after {self.db.count()} distinct "
                        "candidate(s)")
 
+    def _confirm(self, r) -> dict:
+        """Re-evaluate `r` in a fresh worker (new inputs, seed + 1000, twice the timing budget) and store it."""
+        self.emit("confirm_start", id=r.id)
+        self.db.add_confirmation(r.id, self._evaluate(r.source, self.protocol.seed + 1000, 2 * self.eval_time))
+        c = self.db.confirmations()[r.id]
+        self.emit("confirm", id=r.id, status=c["status"], speedup=c["speedup"], ci95=[c["ci_low"], c["ci_high"]])
+        return c
+
     def _finish(self, stopped: str, rounds: int, wall: float, detail: str = "") -> Result:
         rows = self.db.rows()
         leaders = sorted((r for r in rows if r.correct and self._faster(r.ci_low) and drop_in(r.verdict)),
@@ -351,11 +362,7 @@ class _Run:
                     continue  # its interval lies below a confirmed leader's number: it would not be the best
                 if c is None:
                     tries += 1
-                    self.emit("confirm_start", id=r.id)
-                    self.db.add_confirmation(r.id, self._evaluate(r.source, self.protocol.seed + 1000, 2 * self.eval_time))
-                    c = self.db.confirmations()[r.id]
-                    self.emit("confirm", id=r.id, status=c["status"], speedup=c["speedup"],
-                              ci95=[c["ci_low"], c["ci_high"]])
+                    c = self._confirm(r)
                 if c["status"] == "correct" and self._faster(c["ci_low"]):
                     ok.append((r, c))
             confs = self.db.confirmations()  # every leader whose confirmation holds, earlier invocations' too
@@ -366,15 +373,17 @@ class _Run:
                     best, best_sp, best_ci, is_conf = r, c["speedup"], [c["ci_low"], c["ci_high"]], True
         elif leaders:
             best, best_sp, best_ci = leaders[0], leaders[0].speedup, [leaders[0].ci_low, leaders[0].ci_high]
-        best_path = self.out / "best.py"
+        best_path, fb = self.out / "best.py", None
         if best is not None:
-            tmp = self.out / "best.py.tmp"
-            tmp.write_text(best.source)
-            os.replace(tmp, best_path)
+            fallback.write(best_path, best.source)
             status = "improved"
-        else:
-            best_path.unlink(missing_ok=True)
+        else:  # the fallback, with its header (docs/search.md#the-fallback)
             status = "no_improvement" if any(r.correct for r in rows) else "no_correct"
+            fb = fallback.choose([r for r in rows if r.correct and drop_in(r.verdict)], self.db.confirmations(),
+                                 bar=self.bar, floor_=fallback.floor(self.control), confirm=self.opts.confirm,
+                                 confirm_one=self._confirm)
+            fallback.write(best_path, fallback.program(fb, self.task, status=status, bar=self.bar,
+                                                       mode=self.protocol.mode))
         tokens = {"prompt": 0, "completion": 0}
         for r in rows:
             for k in tokens:
@@ -389,7 +398,8 @@ class _Run:
             parse_errors=sum(r.status == "parse_error" for r in rows), rounds=rounds, stopped=stopped,
             policy=self.opts.policy, device=self.info.describe(), tokens=tokens, bar=self.bar,
             null_control_speedup=(self.control or {}).get("speedup"), wall_s=round(wall, 2),
-            stopped_detail=detail, budget=self.opts.budget)
+            stopped_detail=detail, budget=self.opts.budget, best_kind=fb.kind if fb else "candidate",
+            fallback=fb.to_json(best_path) if fb else None)
         spans = self.db.invocations()
         res.invocations = len(spans) or 1  # this one is the last: its own clock, the earlier ones as stored
         res.wall_s_total = round(sum(b - a for a, b in spans[:-1]) + wall, 2)

@@ -15,6 +15,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from kernelcraft.search import fallback
 from kernelcraft.search.rundb import DB_NAME, RunDB
 from kernelcraft.search.techniques import techniques
 
@@ -109,8 +110,9 @@ class _Standing:
 
 STATUS_MEANING = {"improved": "a candidate was verified faster (and confirmed where the run confirms): best.py "
                              "was written",
-                  "no_improvement": "correct candidates, none verified faster: no best.py",
-                  "no_correct": "no candidate passed the correctness trials: no best.py",
+                  "no_improvement": "correct candidates, none verified faster: best.py holds the fallback",
+                  "no_correct": "no candidate passed the correctness trials: best.py holds the fallback, the "
+                                "reference itself",
                   "in progress": "the run has not finished"}
 
 LABEL_COLORS = {"confirmed": "#187a3a", "verified": "#187a3a", "verified, unconfirmed": "#5f8f3a",
@@ -228,7 +230,7 @@ def _diff(reference: str, source: str) -> str:
     return note + f"<pre class='diff'>{body or _e('(identical)')}</pre>"
 
 
-def _terms(standing: "_Standing", bar: float, control, measured: bool = False) -> str:
+def _terms(standing: "_Standing", bar: float, control, measured: bool = False, fb: bool = False) -> str:
     ctrl = (f"; here {bar:.3f}x, because the null control (the reference timed against itself) measured a bias"
             if bar > 1.0 and control else "")
     rows = [("correct", "passed every correctness trial: outputs within tolerance of the reference's on fresh "
@@ -246,6 +248,8 @@ def _terms(standing: "_Standing", bar: float, control, measured: bool = False) -
     rows += [("incorrect", "outputs outside tolerance on a trial; rejected: a guard caught a shortcut (its reason "
                            "names which); failed: a build error, runtime error or timeout; parse error: the proposal "
                            "held no candidate code")]
+    if fb:
+        rows.append(("fallback", f"what best.py holds when no candidate was verified faster: {fallback.RULE}"))
     if measured:
         rows.append(("null control", "the reference timed against itself before any candidate: what timing noise "
                                      "and bias alone read on this host (ideally 1.00x). When its 95% CI lies wholly "
@@ -264,6 +268,7 @@ def render(run: dict) -> str:
     done = [r for r in rows if r.state == "done"]
     correct = [r for r in rows if r.correct]
     ranked = sorted(rows, key=standing.rank_key)
+    fb = summ.get("fallback") or {}  # a finished run without a verified-faster best (search/fallback.py)
     if summ:  # a finished (or stopped) run: the loop's own, confirmed choice
         best = next((r for r in rows if r.id == summ.get("best_candidate")), None)
     else:  # a run in progress: the leader so far, by the same numbers as the leaderboard
@@ -277,15 +282,18 @@ def render(run: dict) -> str:
     elif best is not None:
         best_sp, ci = best.speedup, [best.ci_low, best.ci_high]
         how = "unconfirmed" if standing.confirming or not summ else ""
-    else:
-        best_sp, ci, how = None, None, ""
+    else:  # a fallback's number (1.00x and no CI for the reference), or none yet
+        best_sp, ci, how = fb.get("speedup"), fb.get("ci95"), ""
     tokens = summ.get("tokens") or {}
     wrong = [r.status for r in done if not r.correct]
     cards = [("status", f"<span class='{scls}'>{_e(status)}</span>", STATUS_MEANING.get(status, "")),
              ("best speedup", (f"<span id='headline'>{best_sp:.2f}x</span>" if best_sp else "—")
               + (f"<span class='muted' style='font-size:12px;display:block'>95% CI {_fmt(ci[0])}–{_fmt(ci[1])}"
-                 f"{f' ({how})' if how else ''}</span>" if ci and ci[0] else ""),
-              "the best candidate's speedup over the reference: the confirmed number where the run confirms"),
+                 f"{f' ({how})' if how else ''}</span>" if ci and ci[0] else "")
+              + (f"<span class='warn' style='font-size:12px;display:block' id='fallback-card'>fallback: "
+                 f"{'the reference' if fb['kind'] == 'reference' else 'not verified faster'}</span>" if fb else ""),
+              "the best candidate's speedup over the reference: the confirmed number where the run confirms; a "
+              "fallback's where none was verified faster (1.00x for the reference itself)"),
              ("candidates", len(rows) if not summ.get("budget") else f"{len(rows)} / {summ['budget']}",
               "candidates proposed (of the budget)"),
              ("correct", len(correct), "passed every correctness trial, faster or not"),
@@ -335,6 +343,8 @@ def render(run: dict) -> str:
         st = standing.label(r)
         color = LABEL_COLORS.get(st) or STATUS_COLORS.get(r.status or "", "#556")
         reasons = f" <span class='muted'>({_e(', '.join(r.reasons))})</span>" if r.reasons else ""
+        if fb.get("candidate") == r.id:
+            reasons += " <span class='warn'>· best.py (fallback)</span>"
         h.append(f"<tr data-id='{r.id}'><td class='num'>{i if r.correct else ''}</td><td class='num'>{r.id}</td>"
                  f"<td class='num'>{r.round}</td>"
                  f"<td style='color:{color}'>{_e(st)}{reasons}</td><td class='num'>{_fmt(r.speedup)}{'x' if r.speedup else ''}</td>"
@@ -349,9 +359,8 @@ def render(run: dict) -> str:
                  + "".join(f"<span class='tag'>{_e(t)}</span>" for t in techniques(best.source, best.meta)) + "</p>")
         h.append("<h3>Diff against the reference</h3>" + _diff(run["reference"], best.source))
     else:
-        h.append("<p id='best' class='warn'>No candidate was verified faster than the reference: no best.py was "
-                 "written (the reference is never passed off as an optimisation).</p>")
-    h.append(_terms(standing, bar, biased, measured=bool(control.get("status"))))
+        h.append(_fallback(fb, rows, run["reference"]))
+    h.append(_terms(standing, bar, biased, measured=bool(control.get("status")), fb=bool(fb)))
     h.append(_technique_table(correct))
     fails = [r for r in done if not r.correct][-8:]
     if fails:
@@ -362,6 +371,16 @@ def render(run: dict) -> str:
     h.append("<p class='muted'>Generated by kernelcraft from the run database; speedups are reference time / "
              "candidate time from paired, interleaved timing in isolated worker processes.</p></body></html>")
     return "\n".join(h)
+
+
+def _fallback(fb: dict, rows, reference: str) -> str:
+    """The best-candidate section of a run without a verified-faster best: its fallback, said as such."""
+    if not fb:
+        return "<p id='best' class='warn'>No candidate is verified faster than the reference.</p>"
+    row = next((r for r in rows if r.id == fb.get("candidate")), None)
+    return (f"<p id='best' class='warn'><b>Fallback</b>: no candidate was verified faster than the reference, so "
+            f"{_e(fallback.describe(fb))}.</p>"
+            + ("<h3>Diff against the reference</h3>" + _diff(reference, row.source) if row else ""))
 
 
 def _technique_table(correct) -> str:
