@@ -61,7 +61,8 @@ REASONS = {
                         "load_state_dict failed) where the reference has weights: not a drop-in, and its outputs "
                         "cannot be checked with other weights",
     "mode_changed": "* the candidate changed its own train/eval mode (the protocol's module_mode)",
-    "no_candidate": "* bench: the task has no candidate (none given, or optimize found none verified faster)",
+    "no_candidate": "* bench: the task has no candidate (none given, or a strict-mode optimize run found none verified "
+                    "faster and no fallback strict mode accepts)",
     "input_error": "* bench: an input row or file could not be used (bad JSON, no ref_code, not a KernelBench task)",
 }
 
