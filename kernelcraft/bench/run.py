@@ -16,6 +16,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import as_completed
 from dataclasses import replace
@@ -323,6 +324,8 @@ def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, proto: Pro
     except (RunInUse, PolicyError, ValueError) as e:  # a bad option or a clashing run directory
         raise BenchError(f"optimize {it.name}: {e}") from None
     summary = res.to_json()
+    with RunDB(run_dir) as db:  # the run's candidates: what a fallback may not repeat, and their statuses
+        rows = db.rows()
 
     def judge(source: str, baseline: str | None = None, what: str = "its fallback") -> dict:
         if stop is not None and stop.is_set():
@@ -341,7 +344,7 @@ def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, proto: Pro
                                  "the reference",
                "no_correct": "optimize found no correct candidate"}.get(res.status, res.status)
         why += f" ({res.candidates} candidates, policy {res.policy})"
-        rec = fallback.record(it, res, {r.sha256 for r in _rows(run_dir)}, known or {}, judge, why, dev=dev,
+        rec = fallback.record(it, res, {r.sha256 for r in rows}, known or {}, judge, why, dev=dev,
                               mode=proto.mode, env=env) if res.fallback else None
         if rec is None:  # strict mode: the reference is no answer there (docs/bench.md#fallbacks)
             nothing = "no fallback strict mode accepts" if res.fallback else "no best.py"
@@ -349,22 +352,6 @@ def _optimize_item(it: Item, out: Path, opts: BenchOptions, dev: str, proto: Pro
     rec["optimize"] = {k: summary[k] for k in ("status", "best_speedup", "best_ci95", "confirmed", "candidates",
                                                "correct", "verified_faster", "stopped", "run_dir", "best_techniques",
                                                "wall_s", "best_kind", "fallback")}
-    rec["optimize"]["statuses"] = _statuses(run_dir)  # why a search without a correct candidate failed
+    # the run's finished candidates by status: why a search without a correct candidate failed
+    rec["optimize"]["statuses"] = dict(Counter(r.status or "?" for r in rows if r.state == "done"))
     return rec
-
-
-def _rows(run_dir: Path) -> list:
-    db = RunDB(run_dir)
-    try:
-        return db.rows()
-    finally:
-        db.close()
-
-
-def _statuses(run_dir: Path) -> dict[str, int]:
-    """The run's finished candidates by status."""
-    out: dict[str, int] = {}
-    for r in _rows(run_dir):
-        if r.state == "done":
-            out[r.status or "?"] = out.get(r.status or "?", 0) + 1
-    return out

@@ -207,11 +207,8 @@ def _counts(run_dir: Path, res) -> str:
     failed (build error, runtime error, timeout), parse errors."""
     from kernelcraft.search.rundb import RunDB
 
-    db = RunDB(run_dir)
-    try:
+    with RunDB(run_dir) as db:
         done = db.rows("WHERE state = 'done'")
-    finally:
-        db.close()
     correct = sum(r.correct for r in done)
     status = [r.status for r in done if not r.correct]
     incorrect, rejected, parse = (status.count(k) for k in ("incorrect", "rejected", "parse_error"))
@@ -221,18 +218,14 @@ def _counts(run_dir: Path, res) -> str:
     return ", ".join(parts)
 
 
-
 def _kept(out_dir: Path) -> str:
     """What an interrupted run left in its database, in words."""
     from kernelcraft.search.rundb import DB_NAME, RunDB
 
     if not (out_dir / DB_NAME).is_file():
         return "nothing was evaluated yet"
-    db = RunDB(out_dir)
-    try:
+    with RunDB(out_dir) as db:
         rows = db.rows()
-    finally:
-        db.close()
     done = [r for r in rows if r.state == "done"]
     return (f"{len(done)} finished candidate(s) kept in {out_dir / DB_NAME} ({sum(r.correct for r in done)} correct"
             f"{f', {len(rows) - len(done)} queued or interrupted' if len(rows) > len(done) else ''})")

@@ -21,13 +21,19 @@ from kernelcraft.search.techniques import techniques
 KINDS = ("candidate", "fallback_candidate", "reference")  # what best.py holds (`Result.best_kind`)
 
 
-def floor(control: dict | None) -> float:
-    """The CI lower bound a fallback candidate needs: the null control's speedup when the control is correct and
-    its CI's lower end is above 1 (a timing bias the interval excludes, the one that raises the bar), else 1.0."""
+def control_bias(control: dict | None) -> float | None:
+    """The null control's speedup when the control is correct and its CI's lower end is above 1 (a timing bias the
+    interval excludes: it raises the run's bar), else None."""
     ci = (control or {}).get("ci95") or [None, None]
     if control and control.get("status") == "correct" and control.get("speedup") and ci[0] is not None and ci[0] > 1.0:
         return float(control["speedup"])
-    return 1.0
+    return None
+
+
+def floor(control: dict | None) -> float:
+    """The CI lower bound a fallback candidate needs: the null control's bias (`control_bias`), else 1.0."""
+    bias = control_bias(control)
+    return 1.0 if bias is None else bias
 
 
 @dataclass

@@ -276,9 +276,9 @@ class _Run:
             self.db.set_meta("null_control", rec)
             self.emit("control", **rec)
         self.control = rec
-        ci = (rec or {}).get("ci95") or [None, None]
-        if rec and rec.get("status") == "correct" and rec.get("speedup") and ci[0] is not None and ci[0] > 1.0:
-            self.bar = max(self.opts.min_speedup, rec["speedup"])  # a bias the CI excludes: correct for it
+        bias = fallback.control_bias(rec)
+        if bias is not None:
+            self.bar = max(self.opts.min_speedup, bias)  # a bias the CI excludes: correct for it
 
     # -- the loop ----------------------------------------------------------------------------------
     def go(self) -> Result:

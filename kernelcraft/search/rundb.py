@@ -133,6 +133,12 @@ class RunDB:
         with self._lock:
             self.conn.close()
 
+    def __enter__(self) -> "RunDB":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _write(self, sql: str, args=()) -> sqlite3.Cursor:
         with self._lock:
             self.conn.execute("BEGIN IMMEDIATE")
