@@ -65,8 +65,10 @@ def evaluate(
     A speedup above `remeasure_above` (or above 2x `best_known_speedup`) is measured again in fresh
     workers with other seeds (see `_reconcile`): the lowest reproduced speedup is reported, and one that
     varies more than 2x between workers is `rejected` / `suspicious_speedup`.
-    `lock_scope`: "timing" (the device lock covers timing only) or "device" (it covers construction,
-    checks and timing: use it when evaluations on one device run in parallel, see `worker`).
+    `lock_scope`: "timing" (the default: timed rounds have the device alone, and construction, first calls and
+    checks share it with other evaluations', which step aside while one times) or "device" (one evaluation has
+    the device alone from construction to the end of its timing). Both are safe beside other evaluations
+    (`judge/speed/gate.py`).
     """
     if lock_scope not in ("timing", "device"):
         raise ValueError(f"lock_scope must be 'timing' or 'device', not {lock_scope!r}")

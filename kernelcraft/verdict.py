@@ -121,6 +121,8 @@ class Timing(BaseModel):
     busy_probes: int | None = Field(None, description="GPU: idle probes after a call that found the device still "
                                     "busy (work a side left behind, or another process's)")
     probe_idle_ms: float | None = Field(None, description="GPU: latency of the judge's idle probe on an idle device")
+    idle_wait_ms: float | None = Field(None, description="GPU: how long the clock waited, before it calibrated, for work "
+                                       "other evaluations sharing the device had left queued")
     processes: int | None = Field(None, description="candidate processes timed interleaved in blocks of rounds (protocol.processes)")
     process_speedups: list[float] | None = Field(None, description="each candidate process's median speedup: the "
                                                  "between-process spread the CI covers")

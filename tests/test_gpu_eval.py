@@ -244,3 +244,40 @@ def test_gpu_candidate_in_its_own_pid_namespace(pidns, cuda_cold_and_warm, monke
     assert_correct_with_timing(v, f"gpu_cuda_add_relu, {isolation.PIDNS_SWITCH}={pidns}")
     assert v.timing.processes == 2 and len(v.timing.process_speedups) == 2
     assert v.env.isolation["candidate"]["pid_namespace"] == (kind if pidns == "auto" else None), v.env.isolation
+
+
+BUSY_CAND = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    """relu(a + b), after ~0.3 s of device work that changes nothing: a slow honest neighbour whose checks keep
+    the GPU busy while other evaluations want to time."""
+
+    def forward(self, a, b):
+        w = torch.ones(4096, 4096, device=a.device)
+        for _ in range(60):
+            w = torch.tanh(w @ w * 1e-4)
+        return torch.relu(a + b) + 0 * w[0, 0]
+'''
+
+
+def test_timing_scope_shares_the_gpu_and_times_alone(tmp_path):
+    """Evaluations share the GPU for their checks and time alone (`judge/speed/gate.py`): a pool of three slots on
+    one GPU, two of them busy neighbours whose checks hold the device, judges every honest candidate correct with
+    timing, and no candidate is blamed for another's queued work (no `extra_stream`). Each timing waited for the
+    device to drain before calibrating (`idle_wait_ms`)."""
+    from kernelcraft.serve.pool import Pool
+
+    busy = tmp_path / "busy.py"
+    busy.write_text(BUSY_CAND)
+    cands = [busy, TRITON_CAND, busy, CUDA_CAND, TRITON_CAND]
+    opts = {k: v for k, v in OPTS.items() if k != "device"}
+    with Pool("cuda:0", per_device=3, build_workers=4, lock_scope="timing", **opts) as pool:
+        got = dict(pool.stream([(TASK, c) for c in cands]))
+    for i, c in enumerate(cands):
+        v = got[i]
+        assert v.status == "correct", f"{Path(c).name}: {v.status}/{v.reasons}: {v.message[:3000]}"
+        assert v.timing is not None and v.timing.idle_wait_ms is not None, v.timing
+        assert "wait_device" in v.phases_s, v.phases_s

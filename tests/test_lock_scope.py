@@ -9,6 +9,7 @@ import pytest
 
 from kernelcraft.evaluate import evaluate
 from kernelcraft.judge.caller.runner import cache_root
+from kernelcraft.judge.speed.gate import DeviceGate
 
 TASK = "tiny/level1/relu"
 CAND = '''
@@ -44,10 +45,31 @@ def test_waiting_for_the_device_is_on_no_clock(cache_dir):
     assert waited >= 7.0  # it did wait for the holder: construction and checks ran under the lock
 
 
-def test_timing_scope_checks_do_not_wait(cache_dir):
+def _hold_shared(path, seconds, held):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_SH)
+        held.set()
+        time.sleep(seconds)
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _time_like_a_timer(path, seconds, held, waited):
+    """What a timer does (`gate.DeviceGate.exclusive`): the gate, then the lock, both exclusively."""
+    gate = DeviceGate(str(path))
+    t0 = time.monotonic()
+    gate.exclusive()
+    waited.append(time.monotonic() - t0)
+    held.set()
+    time.sleep(seconds)
+    gate.close()
+
+
+def test_timing_scope_checks_share_the_device(cache_dir):
+    """Another evaluation's checks (a shared hold) do not hold this one's checks back."""
     lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
     held = threading.Event()
-    t = threading.Thread(target=_hold_lock, args=(lock, 20.0, held))
+    t = threading.Thread(target=_hold_shared, args=(lock, 20.0, held))
     t.start()
     held.wait()
     t0 = time.perf_counter()
@@ -55,7 +77,67 @@ def test_timing_scope_checks_do_not_wait(cache_dir):
     took = time.perf_counter() - t0
     t.join()
     assert v.status == "correct", v.message
-    assert took < 18.0  # no timing, so the default scope never touched the lock
+    assert took < 18.0  # it ran beside the sharer
+
+
+def test_timing_scope_checks_wait_for_a_timer(cache_dir):
+    lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
+    held, waited = threading.Event(), []
+    t = threading.Thread(target=_time_like_a_timer, args=(lock, 8.0, held, waited))
+    t.start()
+    held.wait()
+    v = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, timeout_s=5.0, lock_scope="timing",
+                 cache_dir=cache_dir)
+    t.join()
+    assert v.status == "correct", v.message
+    assert v.phases_s["wait_device"] >= 4.0, v.phases_s  # and the run clock (5 s) did not run meanwhile
+
+
+SLOW = '''
+import time, torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def forward(self, x):
+        time.sleep(0.4)
+        return torch.relu(x)
+'''
+
+
+def test_a_sharer_steps_aside_for_a_timer_mid_request(cache_dir):
+    """A timer that comes while an evaluation's candidate runs a slow forward gets the device within a poll or so
+    (the candidate frozen mid-call), holds it alone, and the evaluation goes on to a correct verdict after it, its
+    time out counted as `wait_device`, on no clock."""
+    lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
+    got: dict = {}
+
+    def run():
+        got["v"] = evaluate(TASK, SLOW, device="cpu", trials=6, timing=False, timeout_s=8.0, lock_scope="timing",
+                            cache_dir=cache_dir)
+
+    ev = threading.Thread(target=run)
+    ev.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (lock.exists() and _someone_shares(lock)):
+        time.sleep(0.05)
+    time.sleep(1.0)  # inside the trials: each forward sleeps 0.4 s
+    held, waited = threading.Event(), []
+    timer = threading.Thread(target=_time_like_a_timer, args=(lock, 6.0, held, waited))
+    timer.start()
+    timer.join()
+    ev.join()
+    v = got["v"]
+    assert v.status == "correct", v.message
+    assert waited and waited[0] < 3.0, waited  # not the rest of the evaluation: it stepped aside
+    assert v.phases_s["wait_device"] >= 4.0, v.phases_s
+
+
+def _someone_shares(lock) -> bool:
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
 
 
 def test_bad_lock_scope_is_a_usage_error():
@@ -86,9 +168,8 @@ def test_device_lock_taken_before_import_unless_it_compiles(cache_dir):
     t = threading.Thread(target=_hold_lock, args=(lock, 16.0, held))
     t.start()
     held.wait()
-    # build_timeout_s is shorter than the wait (the hold less the worker's start-up, several seconds on a
-    # loaded host): it must start after the wait, not at spawn
-    v = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, timeout_s=5.0, build_timeout_s=8.0,
+    # build_timeout_s is shorter than the wait: the build clock stops while the job waits and goes on after it
+    v = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, timeout_s=5.0, build_timeout_s=12.0,
                  lock_scope="device", cache_dir=cache_dir)
     t.join()
     assert v.status == "correct", v.message

@@ -189,8 +189,7 @@ class _Run:
         best = self.best_verified()
         try:  # a speedup far above the best so far is re-measured in a fresh worker by the evaluator
             v = evaluate(self.task, source, protocol=self.protocol.with_(seed=seed, time_budget_s=time_budget),
-                         device=self.device, best_known_speedup=best if best > 1.0 else None,
-                         lock_scope="device" if self.jobs > 1 else "timing").to_json()
+                         device=self.device, best_known_speedup=best if best > 1.0 else None).to_json()
         except ValueError:
             raise  # a bad option (device, mode): the caller's error, not the candidate's
         except Exception as e:  # noqa: BLE001 - a harness bug must not kill a long run

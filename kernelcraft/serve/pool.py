@@ -98,15 +98,16 @@ class Pool:
     """Build slots + timing slots behind one queue. Thread-safe; use as a context manager.
 
     `devices`: "cpu", "cuda", a list like ["cuda:0", "cuda:1"], or None (all visible GPUs, else cpu).
-    `per_device`: timing slots per device (default `gpu_slots` per GPU, the device lock then covering each
-    worker's whole device phase; on cpu, 2). `build_workers`: build slots (default: os.cpu_count()).
+    `per_device`: evaluations at once per device (default `gpu_slots` per GPU; on cpu, 2). `lock_scope`: "timing"
+    (they share the device except while one times) or "device" (each has it alone from construction to the end
+    of its timing; `evaluate`). `build_workers`: build slots (default: os.cpu_count()).
     `protocol` and knob keywords (e.g. trials=3, timing=False) are the protocol of every submission unless it
     overrides them.
     """
 
     def __init__(self, devices=None, *, per_device: int | None = None, build_workers: int | None = None,
                  cache_dir=None, backend=None, stall_s: float | None = None, protocol: Protocol | dict | None = None,
-                 **knobs):
+                 lock_scope: str = "timing", **knobs):
         self.protocol = Protocol.make(protocol, **knobs)  # every submission's base; ProtocolError if bad
         self.defaults: dict = {}
         self.backend = backend or LocalBackend(cache_dir)
@@ -121,8 +122,9 @@ class Pool:
         if not per_device:
             gpus = sum(1 for d in devices if d != "cpu")
             per_device = gpu_slots(gpus) if gpus else 2
-        if per_device > 1:  # the worker holds the GPU from construction to the end of timing
-            self.defaults["lock_scope"] = "device"
+        if lock_scope not in ("timing", "device"):
+            raise ValueError(f"lock_scope must be 'timing' or 'device', not {lock_scope!r}")
+        self.defaults["lock_scope"] = lock_scope
         self.devices = [d for d in devices for _ in range(per_device)]
         self.build_workers = max(1, build_workers or os.cpu_count() or 2)
         self.root = Path(getattr(self.backend, "cache_dir", None) or cache_dir or cache_root())

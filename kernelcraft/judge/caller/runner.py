@@ -2,8 +2,8 @@
 
 A judge process is forked by the `zygote` or spawned through the `sandbox`, and leads its own process group, so a
 timeout or clean-up kills everything the candidate started. Two clocks: `build_timeout_s` during `BUILD_PHASES`,
-`timeout_s` after; waiting for the device lock counts against neither. Results arrive on a private pipe, each line
-carrying the caller's nonce; anything else marks the outcome `forged`. A job that ran out of device memory because
+`timeout_s` after; waiting for the device (`WAIT_PHASES`) stops the running one, which goes on where it stopped.
+Results arrive on a private pipe, each line carrying the caller's nonce; anything else marks the outcome `forged`. A job that ran out of device memory because
 of idle warm judges or this process's other jobs is run once more (`warm`, `gpushare`).
 
 Rationale: docs/design/judge-caller.md#runner
@@ -236,6 +236,7 @@ def _watch(out: WorkerOutcome, r_fd: int, nonce: str, t_start: float, timeout_s:
            build_timeout_s: float) -> None:
     """Read the channel until this job's result, a timeout, a forged message flood or the channel's end."""
     phase_start = t_start
+    paused: tuple[bool, float] | None = None  # (a build clock?, its seconds used) while a wait stops it
     buf, total = b"", 0
     sel = selectors.DefaultSelector()
     sel.register(r_fd, selectors.EVENT_READ)
@@ -267,9 +268,16 @@ def _watch(out: WorkerOutcome, r_fd: int, nonce: str, t_start: float, timeout_s:
                     prev = out.phase
                     out.phase = msg["phase"]
                     out.build_s = msg.get("build_s", out.build_s)
-                    out.phases.append((out.phase, time.monotonic() - t_start))
-                    if prev in WAIT_PHASES or (prev in BUILD_PHASES and out.phase not in BUILD_PHASES):
-                        phase_start = time.monotonic()  # each clock starts after a wait, and once built
+                    now = time.monotonic()
+                    out.phases.append((out.phase, now - t_start))
+                    if out.phase in WAIT_PHASES and prev not in WAIT_PHASES:  # a clock stops while its job waits
+                        paused = (prev in BUILD_PHASES, now - phase_start)
+                        phase_start = now
+                    elif prev in WAIT_PHASES and out.phase not in WAIT_PHASES:  # ... and goes on where it stopped,
+                        same = paused is not None and paused[0] == (out.phase in BUILD_PHASES)  # or, the build
+                        phase_start = now - paused[1] if same else now  # done, the run clock starts
+                    elif prev in BUILD_PHASES and out.phase not in BUILD_PHASES:
+                        phase_start = now  # the run clock starts once built
                 elif msg["type"] == "result":
                     out.result = msg.get("result")
                     out.phases.append(("end", time.monotonic() - t_start))

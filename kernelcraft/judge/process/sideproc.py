@@ -24,6 +24,7 @@ from kernelcraft.verdict import REASONS
 BAD_STATUSES = ("incorrect", "compile_error", "runtime_error", "timeout", "rejected")
 RUN = {"cmd": "run"}  # the one request that runs a forward: trials, timed rounds and the weights trial alike
 NULL = {"cmd": "null"}  # the empty round trip (`side.Side.cmd_null`)
+PREEMPT_POLL_S = 0.02  # how often a running request asks whether a timer waits for the device
 
 
 def _signal_name(status: int) -> str:
@@ -41,6 +42,7 @@ class SideProc:
         self.role, self.pid, self.end = role, pid, JudgeEnd(sock)
         self.log_path = log_path  # where its output goes when not the judge's own log (a warm judge's later job)
         self.frozen = False
+        self.preempt = None  # Callable[[SideProc | None], None] while the evaluation shares the device
         self.phase = "start"
         self.build_s = 0.0
         self.ran = False  # the reference: has run a forward at the task's size (its `describe`, or a warm judge's)
@@ -89,10 +91,17 @@ class SideProc:
             self.frozen = False
 
     def request(self, msg: dict, fds=(), phase: str | None = None) -> dict:
+        """Thaw, send, wait for the reply, freeze. `preempt` (set by the evaluation while it shares the device) is
+        asked before the side runs and every `PREEMPT_POLL_S` while it runs: it may freeze the side and give the
+        device to a timer for a while (`Evaluation.step_aside_if_wanted`)."""
         self.phase = phase or self.phase
-        self.thaw()
         try:
+            if self.preempt is not None:
+                self.preempt(None)
+            self.thaw()
             self.end.send(msg, fds)
+            while self.preempt is not None and not self.end.wait(PREEMPT_POLL_S):
+                self.preempt(self)
             reply = self.end.recv()
             self.freeze()
         except (Closed, ValueError, freeze.SideGone) as e:

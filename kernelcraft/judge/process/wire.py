@@ -65,6 +65,10 @@ class JudgeEnd:
             raise ValueError("a side sent a frame that is not a JSON object")
         return msg
 
+    def wait(self, timeout_s: float) -> bool:
+        """Whether a frame (or the end of the wire) is there to read within `timeout_s`."""
+        return bool(select.select([self.sock], [], [], timeout_s)[0])
+
     def pending(self) -> bool:
         """Bytes waiting that no request asked for (a reply sent ahead of its request)."""
         return bool(select.select([self.sock], [], [], 0)[0])

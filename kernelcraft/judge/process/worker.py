@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from kernelcraft.judge.process import audit, failures, isolation, side as side_mod  # noqa: E402,E501
 from kernelcraft.judge.speed import rounds
+from kernelcraft.judge.speed.gate import EXCLUSIVE, DeviceGate
 from kernelcraft.judge.correctness import trials, weights
 from kernelcraft.judge.tripwires import calls as tripwires
 from kernelcraft.judge.process.arena import Arena, TensorSpec, total_bytes  # noqa: E402
@@ -38,6 +39,7 @@ from kernelcraft.protocol import Protocol  # noqa: E402
 
 HOST_SHARE = 1 / 3  # inputs + outputs above this share of the GPU: the judge's copies in host memory (`_place_copies`)
 HOST_SHARE_VAR = "KERNELCRAFT_JUDGE_HOST_SHARE"  # overrides it (tests force host copies on small tasks with 0)
+SHARE_IO = 1 / 16  # inputs + outputs above this share of the GPU: the job keeps the device to itself (`alone_on_device`)
 
 
 class Evaluation:
@@ -50,7 +52,10 @@ class Evaluation:
         self.forker_pid: int | None = None
         self.spawn_candidate = None  # a fresh candidate side (set by `jobs`); None: one process (`processes` = 1)
         self.phase = "start"
-        self.device_lock = None
+        self.gate = DeviceGate(job.get("lock_path"))  # shared for device phases, exclusive for timing (`gate`)
+        self.exclusive_phases = job.get("lock_scope") == "device"  # the device alone from construction to timing
+        for s in sides.values():
+            s.preempt = self.step_aside_if_wanted
         self.stateful = False  # the reference's forward changes plain-attribute state (set by `describe`)
         self.large_outputs = False  # outputs above side.LARGE_OUTPUT_BYTES on a GPU (set by `_place_copies`)
         self.device = torch.device("cuda:0" if job["device"].startswith("cuda") else "cpu")
@@ -87,14 +92,13 @@ class Evaluation:
                 raise Reject("runtime_error", ["task_error"], "the reference task failed to import: "
                              + failures.describe_exception(e)) from None
             self.ref.request(dict(cmd="import", path=job["task_path"], **common), phase="reference")
-        device_scope = job.get("lock_scope") == "device"
         self.enter("prepare")  # the candidate's side: CUDA, strict mode's kernel tracer, trusted imports; off the lock
         strict = p.mode == "strict"
         self.cand_import = dict(cmd="import", path=job["candidate_path"], strict=strict, guarded=self.guarded,
                                 preload=job.get("preload", ()), **common)
         self.cand.request(dict(self.cand_import, cmd="prepare"), phase="prepare")
-        if device_scope and not job.get("needs_build", True):
-            self._take_device()  # a quick import's module-level code runs on the lock; nvcc's, off it
+        if not job.get("needs_build", True):
+            self._take_device()  # a quick import's module-level code runs on the device; nvcc's, off it
         if self.device.type == "cuda":  # the idle probe's speed, before any candidate code could keep the GPU busy
             self.idle_clock = timing.RoundTripClock(self.device)  # (`in_place`)
         self.enter("import")
@@ -103,7 +107,7 @@ class Evaluation:
         self.result["build_cache"] = got.get("build_cache", {"builds": 0, "hits": 0})
         if got.get("kernel_tracer"):
             self.result["env"]["kernel_tracer"] = str(got["kernel_tracer"])[:200]
-        if device_scope and self.device_lock is None:  # nvcc at import ran off the lock
+        if self.gate.mode is None:  # nvcc at import ran off the device
             self._take_device()
         self.enter("init")
         self._construct()
@@ -129,9 +133,43 @@ class Evaluation:
         return self.result
 
     def _take_device(self) -> None:
+        """The device for the job's device phases: shared with other evaluations' checks, or (`lock_scope="device"`)
+        alone. Given back by `jobs.serve` (`hand_over_lock`), or at exit."""
         self.enter("wait_device")
-        # given back by `jobs.serve` (`hand_over_lock`), or at exit
-        self.device_lock = rounds.DeviceLock(self.job.get("lock_path")).__enter__()
+        if self.exclusive_phases:
+            self.gate.exclusive()
+        else:
+            self.gate.share()
+
+    def step_aside_if_wanted(self, running: SideProc | None) -> None:
+        """A timer waits for the device (`gate.wanted`): `running` (the side whose request is in flight, or None
+        between requests) frozen, this judge's own device work finished, the device given back until the timer is
+        done, then `running` thawed. Never while this evaluation holds the device alone."""
+        if not self.gate.wanted():
+            return
+        if running is not None:
+            running.freeze()
+        if self.device.type == "cuda" and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        phase = self.phase
+        self.enter("wait_device")
+        self.gate.step_aside()
+        self.enter(phase)
+        if running is not None:
+            running.thaw()
+
+    def alone_on_device(self) -> None:
+        """The rest of the job with the device to itself: a task too large to share it (`SHARE_IO`), or one whose
+        large outputs are read in place once the device is idle (`in_place`). The idle probe is calibrated afresh
+        once others' queued work has drained."""
+        if self.gate.mode == EXCLUSIVE or self.gate.path is None:
+            return
+        phase = self.phase
+        self.enter("wait_device")
+        self.gate.exclusive()
+        self.enter(phase)
+        if self.device.type == "cuda":
+            self.idle_clock = timing.RoundTripClock(self.device, floor_ms=rounds.idle_floor(self.gate))
 
     def fresh_state(self, sides, phase: str) -> None:
         """A stateful task (an RNN's hidden state): `sides` back to their constructed plain-attribute state, untimed,
@@ -142,10 +180,12 @@ class Evaluation:
                 side.request({"cmd": "restore"}, phase=phase)
 
     def hand_over_lock(self):
-        """The end of this job: the device lock (or None), detached from this evaluation, for the caller to give
+        """The end of this job: its device gate (or None), detached from this evaluation, for the caller to give
         back once the job's device memory is (`jobs.serve`); a warm judge lives on."""
-        lock, self.device_lock = self.device_lock, None
-        return lock
+        gate, self.gate = self.gate, DeviceGate(None)
+        for s in self.sides.values():
+            s.preempt = None
+        return gate if gate.path else None
 
     def _construct(self) -> None:
         try:
@@ -227,7 +267,10 @@ class Evaluation:
             return
         share = float(os.environ.get(HOST_SHARE_VAR) or HOST_SHARE)  # 0 forces it (the GPU tests do)
         io = total_bytes(list(self.in_specs) + list(self.out_specs))
-        if io > share * torch.cuda.get_device_properties(self.device).total_memory:
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        if self.large_outputs or io > SHARE_IO * total:
+            self.alone_on_device()
+        if io > share * total:
             self.copy_device = torch.device("cpu")
 
     def _draw(self) -> list:

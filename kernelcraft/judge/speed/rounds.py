@@ -3,22 +3,27 @@
 `time_candidate` runs after the correctness trials and gives `timing.measure` functions that time one call of each
 side, prepare a round (fresh draw, poisoned outputs, fresh secret indices) and check it (every timed output held to
 the trials' `Acceptance`, audits at random rounds). Untimed requests during timing go through the CPU ledger
-(`treecpu`). The device lock (`DeviceLock`, a flock freed if its holder dies) covers timing or the whole device
-phase.
+(`treecpu`). The timed rounds hold the device alone (`gate`): other evaluations' checks step aside and what they left
+queued drains before the clock calibrates.
 
 Rationale: docs/design/judge-speed.md#rounds
 """
 from __future__ import annotations
 
-import fcntl
-from pathlib import Path
-
 from kernelcraft.judge.speed import reproduce, siblings, timing, treecpu
+from kernelcraft.judge.speed.gate import EXCLUSIVE, SHARED, DeviceGate
 from kernelcraft.judge.correctness.acceptance import Acceptance, Sample
 from kernelcraft.judge.reject import Reject
 from kernelcraft.judge.process.sideproc import NULL, RUN, SideProc
 
 AUDIT_SHARE = 0.2  # share of timing rounds followed by an audit (at random: the candidate cannot tell which)
+FIRST_IDLE_FLOOR_MS = 0.02  # the idle probe's floor on a device no timer has calibrated yet (H100/H200: 0.011-0.031)
+
+
+def idle_floor(gate: DeviceGate) -> float | None:
+    """The idle speed a timer waits for before it calibrates: the device's lowest calibration so far, or
+    `FIRST_IDLE_FLOOR_MS`; None without a gate (no other evaluation can share the device)."""
+    return (gate.idle_floor() or FIRST_IDLE_FLOOR_MS) if gate.path else None
 
 
 def time_candidate(ev, accepted: Acceptance) -> None:
@@ -26,7 +31,6 @@ def time_candidate(ev, accepted: Acceptance) -> None:
     budget is spent; every timed output held to what the trials `accepted`. The record goes to
     `ev.result["timing"]`."""
     p = ev.p
-    clock = timing.RoundTripClock(ev.device)
     sample = Sample(ev.out_specs, ev.device)
     ledger = treecpu.Ledger()
     taken: dict[str, list] = {}  # this round's outputs, copied when each side's timed call ended ...
@@ -105,7 +109,14 @@ def time_candidate(ev, accepted: Acceptance) -> None:
                 siblings.check_stopped(procs)
 
     sibs: list[SideProc] = []
-    with DeviceLock(None) if ev.device_lock else DeviceLock(ev.job.get("lock_path")):
+    held = ev.gate.mode
+    if held != EXCLUSIVE:
+        ev.enter("wait_device")
+        ev.gate.exclusive()
+        ev.enter("time")
+    try:
+        clock = timing.RoundTripClock(ev.device, floor_ms=idle_floor(ev.gate))
+        ev.gate.record_idle(clock.idle_ms)
         if k > 1:
             sibs = siblings.start(ev, k, accepted)
             procs += sibs
@@ -117,6 +128,11 @@ def time_candidate(ev, accepted: Acceptance) -> None:
             cuda=ev.device.type == "cuda", budget_s=p.time_budget_s, target=p.target_ci,
             min_rounds=max(p.min_rounds, siblings.BLOCK * k if k > 1 else 1), warmup_rounds=3 * k,
             interval=interval, seed=ev.rng.randrange(1 << 30), billed=ledger.billed_ms)
+    finally:
+        if held == SHARED:
+            ev.gate.share()  # the weights trial after timing shares the device again
+        elif held is None:
+            ev.gate.release()
     if sibs:
         siblings.end(ev, sibs)
     blocks = timing.split(run, order.who, k) if k > 1 else [run]
@@ -130,6 +146,7 @@ def time_candidate(ev, accepted: Acceptance) -> None:
     rec["audits"] = ev.audit.count + 1  # with the one after timing
     rec["busy_probes"] = clock.busy_probes
     rec["probe_idle_ms"] = clock.idle_ms
+    rec["idle_wait_ms"] = round(clock.idle_wait_ms, 3)
     rec.update(ledger.record(run.samples))
     ev.result["timing"] = rec
     ev.result["guards"] += ["frozen_peer", "judge_clock", "output_at_close", "cpu_ledger"]
@@ -138,23 +155,3 @@ def time_candidate(ev, accepted: Acceptance) -> None:
 def _as_output(ev, items: list):
     """A side's captured items in the reference's output structure."""
     return items[0] if ev.out_kind == "tensor" else tuple(items)
-
-
-class DeviceLock:
-    """Exclusive use of the device while timing, across processes (a flock: freed if we die)."""
-
-    def __init__(self, path: str | None):
-        self.path = path
-        self.f = None
-
-    def __enter__(self):
-        if self.path:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self.f = open(self.path, "w")
-            fcntl.flock(self.f, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        if self.f:
-            fcntl.flock(self.f, fcntl.LOCK_UN)
-            self.f.close()

@@ -25,6 +25,8 @@ _perf_ns = time.perf_counter_ns
 _cuda_sync = torch.cuda.synchronize
 NOISY_SPAN = 1.5  # a 95% CI whose upper end is beyond 1.5x its lower end cannot resolve the speedup: say so
 SETTLE_LIMIT_S = 30.0  # a device still busy this long after `done` is a rejection, not a sample
+IDLE_WAIT_S = 30.0  # a timer waits at most this long for work other evaluations left queued (`await_idle`)
+IDLE_RUN = 5  # consecutive probes at idle speed that say the device is idle
 
 STOP_SHARE = 0.5  # stop once the within-run half-width is this share of the between-run one (or within target)
 
@@ -104,22 +106,37 @@ class DeviceBusy(Exception):
 class RoundTripClock:
     """The judge's clock: host time around a side's round trip; on a GPU, L2 flush and the idle probe."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, floor_ms: float | None = None):
+        """`floor_ms`: the device's known idle probe latency (`gate.DeviceGate.idle_floor`); given, the clock first
+        waits for work other evaluations left queued to drain (`await_idle`), then calibrates."""
         self.device = device
         self.cuda = device.type == "cuda"
         self.idle_ms = 0.0
         self.busy_ms = 0.0
         self.busy_probes = 0  # probes that found the device busy (work left behind, or another process's)
+        self.idle_wait_ms = 0.0
         if self.cuda:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) or (50 << 20)
             self.flush_buf = torch.empty(max(2 * l2, 64 << 20) // 4, dtype=torch.int32, device=device)
             self.probe_buf = torch.zeros(1, dtype=torch.int32, device=device)
+            if floor_ms:
+                self.idle_wait_ms = self.await_idle(floor_ms)
             self.calibrate()
 
     def _probe(self) -> float:
         t0 = _perf_ns()
         self.probe_buf.add_(1)
         _cuda_sync()
+        return (_perf_ns() - t0) / 1e6
+
+    def await_idle(self, floor_ms: float, limit_s: float = IDLE_WAIT_S) -> float:
+        """Probe until `IDLE_RUN` probes in a row answer at idle speed (within 3x `floor_ms`, or 30 us of it): kernels
+        another context left queued are done. Ms waited; gives up after `limit_s` (the calibration then reads the
+        busy device, and the timed calls' own settling still sees it)."""
+        limit = max(3 * floor_ms, floor_ms + 0.03)
+        t0, run = _perf_ns(), 0
+        while run < IDLE_RUN and (_perf_ns() - t0) / 1e9 < limit_s:
+            run = run + 1 if self._probe() <= limit else 0
         return (_perf_ns() - t0) / 1e6
 
     def calibrate(self) -> None:
