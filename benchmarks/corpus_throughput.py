@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections import Counter
 from concurrent.futures import as_completed
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -54,13 +55,8 @@ _TASK_FILE_RE = re.compile(r"^(\d+)_.+\.py$")
 # -- pack ------------------------------------------------------------------------------------------------
 def task_files(kernelbench: Path) -> set[tuple[int, int]]:
     """(level, task_id) of every KernelBench file `level<L>/<ID>_<Name>.py`."""
-    found = set()
-    for level_dir in kernelbench.glob("level[0-9]*"):
-        for p in level_dir.glob("*.py"):
-            m = _TASK_FILE_RE.match(p.name)
-            if m:
-                found.add((int(level_dir.name[5:]), int(m.group(1))))
-    return found
+    return {(int(d.name[5:]), int(m.group(1))) for d in kernelbench.glob("level[0-9]*") for p in d.glob("*.py")
+            if (m := _TASK_FILE_RE.match(p.name))}
 
 
 def candidate_pool(rows: list[dict], known: set[tuple[int, int]]) -> list[dict]:
@@ -149,7 +145,8 @@ def pack(args) -> int:
 
 # -- run -------------------------------------------------------------------------------------------------
 def read_pack(path: Path) -> list[tuple[dict, object]]:
-    """(row, Task) per pack line; the Task is made by `kernelcraft bench`'s pairs reader from the row's ref_code."""
+    """(row, Task) per pack line; the Task is made by `kernelcraft bench`'s pairs reader from the row's ref_code
+    (named by the row's item)."""
     if not path.is_file():
         raise SystemExit(f"run: no pack file {path} (make one with `pack`)")
     try:
@@ -158,11 +155,12 @@ def read_pack(path: Path) -> list[tuple[dict, object]]:
         raise SystemExit(f"run: {e}") from None
     bad = next((item.error for item in items if item.error), None)
     rows = [] if bad else [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    bad = bad or next((f"{path.name}: row {i + 1} needs item, kind and code" for i, row in enumerate(rows)
-                       if not all(isinstance(row.get(k), str) for k in ("item", "kind", "code"))), None)
+    bad = bad or next((f"{path.name}: row {i + 1} needs item, kind, code and level" for i, row in enumerate(rows)
+                       if not all(isinstance(row.get(k), str) for k in ("item", "kind", "code"))
+                       or not isinstance(row.get("level"), int)), None)
     if bad:
         raise SystemExit(f"run: bad pack row: {bad}")
-    return list(zip(rows, (item.task for item in items)))
+    return [(row, replace(item.task, name=row["item"], level=row["level"])) for row, item in zip(rows, items)]
 
 
 def pool_takes_lock_scope() -> bool:

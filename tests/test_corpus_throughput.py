@@ -135,7 +135,7 @@ def test_run_on_cpu_writes_a_block_per_scope_and_a_rerun_skips_them(datasets, tm
 
 def test_run_refuses_a_pack_row_it_cannot_judge(datasets, tmp_path):
     row = pack(datasets, tmp_path / "pack.jsonl", "--n", "2", "--baselines", "none")[0]
-    for name, broken, message in (("nocode.jsonl", {**row, "code": None}, "needs item, kind and code"),
+    for name, broken, message in (("nocode.jsonl", {**row, "code": None}, "needs item, kind, code and level"),
                                   ("noref.jsonl", {**row, "ref_code": ""}, "no ref_code")):
         (tmp_path / name).write_text(json.dumps(broken) + "\n")
         with pytest.raises(SystemExit, match=message):
