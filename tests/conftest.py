@@ -51,6 +51,8 @@ QUICK = {
                        "test_version", "test_an_unknown_task_name_suggests_the_closest"],
     "test_cluster.py": [],  # a local Ray cluster starts in ~20 s: the full suite's
     "test_cpu_watch.py": ["test_only_failed_tests_are_reported", "test_a_run_where_every_test_passed_says_nothing"],
+    "test_corpus_throughput.py": ["test_quotas_follow_the_pool_with_one_per_level_at_least",
+                                  "test_pack_refuses_what_it_cannot_use"],
     "test_cusplit.py": ["test_never_raises_on_odd_input", "test_splits_the_kernelbench_example", "test_declines"],
     "test_eval.py": ["test_legit_candidate_is_correct_with_speedup[diag_matmul_rowscale]",
                      "test_incorrect_record_has_contract_shape",
