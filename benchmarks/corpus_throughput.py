@@ -16,9 +16,11 @@ of each sampled task. The reference is the row's own ref_code. The pack (JSON li
 `kernelcraft.serve.pool.Pool` (all submitted at once; wall clock from first submission to last verdict). `cold`
 uses a fresh cache directory, `warm` the same one again (builds and Inductor caches hot). Scope `timing`: the
 device lock covers timed rounds only; `device`: each evaluation holds the device from construction to the end of
-timing. Results go to `--out` after every block; a re-run with the same `--out` skips the blocks already there,
+timing. A scope may name its slots per GPU (`--scopes device:4,timing:8`; else `--per-gpu`, else the pool's).
+Results go to `--out` after every block; a re-run with the same `--out` skips the blocks already there,
 and SIGINT keeps the finished ones. Per block: candidates per GPU-minute, device seconds per verdict (the phases
-on the device, by `kernelcraft.bench.timeuse`'s rule) median and p90, each phase's median, statuses.
+on the device, by `kernelcraft.bench.timeuse`'s rule) median and p90, the seconds it had the device alone (phase
+`time`) median and p90 and their share of the GPUs' wall time, each phase's median, statuses.
 """
 from __future__ import annotations
 
@@ -169,6 +171,7 @@ def pool_takes_lock_scope() -> bool:
 
 def run_block(pairs, scope: str, device: str, gpus: int, per_gpu: int | None, cache_dir: str,
               time_budget: float | None) -> dict:
+    """One block: every pair through a fresh pool with the device lock's `scope` and `per_gpu` slots."""
     devices = [f"cuda:{i}" for i in range(gpus)] if device == "cuda" else ["cpu"]
     knobs = {"time_budget_s": time_budget} if time_budget else {}
     per_item = {} if pool_takes_lock_scope() else {"lock_scope": scope}  # else the pool's keyword
@@ -203,10 +206,13 @@ def p90(values: list[float]) -> float:
 
 def summarize(verdicts: list[dict], wall: float, gpus: int) -> dict:
     on_device = [_clocks(v["phases_s"])[2] for v in verdicts]
+    alone = [v["phases_s"].get("time", 0.0) for v in verdicts]  # the timed rounds: the device to itself
     names = sorted({p for v in verdicts for p in v["phases_s"]})
     return {"n": len(verdicts), "gpus": gpus, "wall_s": round(wall, 2),
             "per_gpu_min": round(len(verdicts) / (wall / 60 * gpus), 2) if wall > 0 else None,
             "device_s": {"median": round(statistics.median(on_device), 3), "p90": round(p90(on_device), 3)},
+            "alone_s": {"median": round(statistics.median(alone), 3), "p90": round(p90(alone), 3),
+                        "busy_share": round(sum(alone) / (wall * gpus), 3) if wall > 0 else None},
             "phase_medians": {p: round(statistics.median(v["phases_s"][p] for v in verdicts if p in v["phases_s"]), 3)
                               for p in names},
             "statuses": dict(Counter(v["status"] for v in verdicts)), "verdicts": verdicts}
@@ -251,13 +257,15 @@ def run(args) -> int:
     done = {(b["scope"], b["phase"]) for b in results["blocks"]}
     try:
         for scope in scopes:
+            lock_scope, per_gpu = scope.split(":")[0], int(scope.split(":")[1]) if ":" in scope else args.per_gpu
             for phase in phases:
                 if (scope, phase) in done:
                     print(f"{scope}/{phase}: already in {out}, skipped")
                     continue
                 cache_dir, cache = scope_cache(results, scope, phase)
-                block = run_block(pairs, scope, device, args.gpus, args.per_gpu, cache_dir, args.time_budget)
-                results["blocks"].append({"scope": scope, "phase": phase, "cache": cache, **block})
+                block = run_block(pairs, lock_scope, device, args.gpus, per_gpu, cache_dir, args.time_budget)
+                results["blocks"].append({"scope": scope, "phase": phase, "cache": cache, "per_gpu": per_gpu,
+                                          **block})
                 done.add((scope, phase))
                 save(out, results)
                 print(f"{scope}/{phase}: {block['n']} in {block['wall_s']} s, {block['per_gpu_min']}/GPU-min, "
@@ -275,22 +283,29 @@ def run(args) -> int:
 
 
 def split(spec: str, allowed: tuple, flag: str) -> list[str]:
+    """A comma list of `allowed` names; a scope may name its slots per GPU (`timing:8`)."""
     names = [s.strip() for s in spec.split(",") if s.strip()]
-    bad = [s for s in names if s not in allowed]
+    bad = [s for s in names if s.split(":")[0] not in allowed
+           or ":" in s and (flag != "--scopes" or not s.split(":", 1)[1].isdigit() or int(s.split(":", 1)[1]) < 1)]
     if bad or not names:
         raise SystemExit(f"run: {flag} takes a comma list of {', '.join(allowed)}, not {spec!r}")
     return names
 
 
 # -- markdown --------------------------------------------------------------------------------------------
+def alone(block: dict) -> str:
+    a = block.get("alone_s")
+    return f"{a['median']:.2f} · {a['p90']:.2f} · {a['busy_share']}" if a else "-"
+
+
 def markdown(results: dict) -> str:
-    lines = ["| scope | phase | n | wall s | cand/GPU-min | device s/verdict median · p90 | phase medians (s) "
-             "| statuses |", "|---|---|--:|--:|--:|--:|---|---|"]
+    lines = ["| scope | phase | n | wall s | cand/GPU-min | device s/verdict median · p90 | alone s median · p90 · "
+             "GPU share | phase medians (s) | statuses |", "|---|---|--:|--:|--:|--:|--:|---|---|"]
     for b in results["blocks"]:
         phases = ", ".join(f"{k} {v:g}" for k, v in b["phase_medians"].items())
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(b["statuses"].items()))
         lines.append(f"| {b['scope']} | {b['phase']} | {b['n']} | {b['wall_s']:.1f} | {b['per_gpu_min']} | "
-                     f"{b['device_s']['median']:.2f} · {b['device_s']['p90']:.2f} | {phases} | {statuses} |")
+                     f"{b['device_s']['median']:.2f} · {b['device_s']['p90']:.2f} | {alone(b)} | {phases} | {statuses} |")
     scopes = list(dict.fromkeys(b["scope"] for b in results["blocks"]))
     if len(scopes) >= 2:
         for phase in dict.fromkeys(b["phase"] for b in results["blocks"]):
