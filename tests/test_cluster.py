@@ -85,3 +85,25 @@ def test_a_killed_actor_is_restarted_and_its_candidate_retried(local_ray, cache_
         assert rpool.stats()["harness_errors"] == 0
     finally:
         rpool.close()
+
+
+def test_gpu_timing_actors_share_a_gpu_by_fractions():
+    """`per_gpu` timing actors per GPU, each asking Ray for 1/per_gpu of one: Ray packs them onto one GPU (whose
+    device gate lets their checks share it and their timings take turns)."""
+    from kernelcraft.serve.cluster import timing_actor_options
+
+    assert timing_actor_options(1) == {"num_gpus": 1.0, "num_cpus": 0}
+    opts = timing_actor_options(3)
+    assert opts["num_cpus"] == 0 and 3 * opts["num_gpus"] <= 1.0 and 4 * opts["num_gpus"] > 1.0
+
+
+def test_ray_backend_makes_per_gpu_slots_on_a_cluster_with_gpus(local_ray):
+    """A cluster that declares GPUs: `per_gpu` timing slots per GPU, the default by its CPUs per GPU."""
+    from kernelcraft.serve.cluster import RayBackend
+
+    b = RayBackend(devices="cuda", gpus=2, per_gpu=3)
+    assert b.devices() == ["cuda"] * 6 and b.per_gpu == 3
+    with pytest.raises(ValueError, match="per_gpu"):
+        RayBackend(devices="cuda", gpus=1, per_gpu=0)
+    cpu = RayBackend(devices="cpu", cpu_timing=2, per_gpu=5)
+    assert cpu.devices() == ["cpu", "cpu"]

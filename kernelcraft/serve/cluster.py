@@ -13,7 +13,7 @@ from typing import Callable
 
 from kernelcraft.devices import arch_of
 from kernelcraft.evaluate import evaluate, prebuild
-from kernelcraft.serve.pool import Pool
+from kernelcraft.serve.pool import Pool, gpu_slots
 from kernelcraft.verdict import Verdict
 
 
@@ -40,6 +40,11 @@ class _Actor:
         return evaluate(task, cand, device=device, cache_dir=self.cache_dir, **opts).to_json()
 
 
+def timing_actor_options(per_gpu: int) -> dict:
+    """A GPU timing actor's Ray resources: 1/`per_gpu` of one GPU (Ray packs `per_gpu` of them on each), no CPU."""
+    return {"num_gpus": 1 / per_gpu, "num_cpus": 0}
+
+
 def _ray():
     try:
         import ray
@@ -50,11 +55,14 @@ def _ray():
 
 class RayBackend:
     """Slots backed by Ray actors. `address`: None/"local" starts a local Ray; "auto" or "ray://..."
-    joins a cluster. `devices`: "cuda" (one timing actor per cluster GPU, the default when the cluster
-    has GPUs) or "cpu" (`cpu_timing` CPU actors)."""
+    joins a cluster. `devices`: "cuda" (`per_gpu` timing actors per cluster GPU, each holding 1/`per_gpu` of it,
+    the default when the cluster has GPUs; `per_gpu` defaults to the local pool's `gpu_slots` for the cluster's
+    CPUs per GPU) or "cpu" (`cpu_timing` CPU actors). Actors on one GPU share it as a local pool's slots do (the
+    device gate, `judge/speed/gate.py`)."""
 
     def __init__(self, address: str | None = None, *, devices: str | None = None, gpus: int | None = None,
-                 cpu_timing: int = 2, cache_dir: str | os.PathLike | None = None, init_kwargs: dict | None = None):
+                 cpu_timing: int = 2, cache_dir: str | os.PathLike | None = None, init_kwargs: dict | None = None,
+                 per_gpu: int | None = None):
         ray = _ray()
         if not ray.is_initialized():
             kw = dict(init_kwargs or {})
@@ -70,7 +78,10 @@ class RayBackend:
             raise ValueError(f"cluster devices must be cuda or cpu, not {self.kind!r}")
         if self.kind == "cuda" and n_gpu < 1:
             raise ValueError("devices='cuda' but the Ray cluster has no GPUs")
-        self.n_timing = n_gpu if self.kind == "cuda" else cpu_timing
+        if per_gpu is not None and per_gpu < 1:
+            raise ValueError(f"per_gpu must be at least 1, not {per_gpu}")
+        self.per_gpu = (per_gpu or gpu_slots(n_gpu, cores=int(res.get("CPU", 1)))) if self.kind == "cuda" else 1
+        self.n_timing = n_gpu * self.per_gpu if self.kind == "cuda" else cpu_timing
         self.remote_cls = ray.remote(max_restarts=-1, max_task_retries=1)(_Actor)
         self._actors: dict[int, object] = {}
         self._arch: str | None = None
@@ -81,7 +92,7 @@ class RayBackend:
         return [self.kind] * self.n_timing
 
     def _actor(self, timing: bool):
-        opts = {"num_gpus": 1, "num_cpus": 0} if timing and self.kind == "cuda" else {"num_cpus": 1}
+        opts = timing_actor_options(self.per_gpu) if timing and self.kind == "cuda" else {"num_cpus": 1}
         return self.remote_cls.options(**opts).remote(self.cache_dir)
 
     def _call(self, actor, method: str, *args):
@@ -122,11 +133,12 @@ class RayBackend:
 
 def RayPool(address: str | None = None, *, devices: str | None = None, gpus: int | None = None,
             cpu_timing: int = 2, build_workers: int | None = None, cache_dir=None,
-            init_kwargs: dict | None = None, stall_s: float | None = None, **defaults) -> Pool:
-    """A `Pool` whose slots are Ray actors. Build slots default to the cluster's CPU count minus what the
-    timing actors take (at least 1)."""
+            init_kwargs: dict | None = None, stall_s: float | None = None, per_gpu: int | None = None,
+            **defaults) -> Pool:
+    """A `Pool` whose slots are Ray actors (`per_gpu` per GPU: `RayBackend`). Build slots default to the
+    cluster's CPU count minus what the timing actors take (at least 1)."""
     backend = RayBackend(address, devices=devices, gpus=gpus, cpu_timing=cpu_timing, cache_dir=cache_dir,
-                         init_kwargs=init_kwargs)
+                         init_kwargs=init_kwargs, per_gpu=per_gpu)
     if build_workers is None:
         cpus = int(backend.ray.cluster_resources().get("CPU", 1))
         build_workers = max(1, cpus - (backend.n_timing if backend.kind == "cpu" else 0))

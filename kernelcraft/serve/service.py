@@ -285,6 +285,7 @@ def serve(*, host: str = "127.0.0.1", port: int = 8000, devices=None, per_device
     if cluster:
         address = None if cluster in ("ray", "local") else cluster
         pool = RayPool(address, devices=devices, cache_dir=cache_dir, build_workers=build_workers,
+                       per_gpu=per_device,
                        init_kwargs={"runtime_env": {"env_vars": {sb.ENV_MODE: mode}}} if address else None)
     else:
         pool = Pool(devices, per_device=per_device, build_workers=build_workers, cache_dir=cache_dir)
