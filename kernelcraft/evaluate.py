@@ -67,7 +67,7 @@ def evaluate(
     varies more than 2x between workers is `rejected` / `suspicious_speedup`.
     `lock_scope`: "timing" (the default: timed rounds have the device alone, and construction, first calls and
     checks share it with other evaluations', which step aside while one times) or "device" (one evaluation has
-    the device alone from construction to the end of its timing). Both are safe beside other evaluations
+    the device alone from construction to the end of the job). Both are safe beside other evaluations
     (`judge/speed/gate.py`).
     """
     if lock_scope not in ("timing", "device"):

@@ -107,25 +107,26 @@ def test_run_on_cpu_writes_a_block_per_scope_and_a_rerun_skips_them(datasets, tm
     items = [r["item"] for r in pack(datasets, pack_file, "--n", "2", "--baselines", "none")]
     out = tmp_path / "result.json"
     cmd = [sys.executable, str(SCRIPT), "run", "--pack", str(pack_file), "--device", "cpu", "--scopes",
-           "timing,device", "--phases", "cold", "--time-budget", "0.1", "--out", str(out), "--markdown"]
+           "timing:1,device", "--phases", "cold", "--time-budget", "0.1", "--out", str(out), "--markdown"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["cache_dirs"] == {}
-    assert [(b["scope"], b["phase"], b["cache"]) for b in result["blocks"]] == [("timing", "cold", "cold"),
-                                                                               ("device", "cold", "cold")]
+    assert [(b["scope"], b["phase"], b["cache"], b["per_gpu"]) for b in result["blocks"]] == [
+        ("timing:1", "cold", "cold", 1), ("device", "cold", "cold", None)]  # a scope may name its slots
     for block in result["blocks"]:
         assert block["n"] == 2 and block["wall_s"] > 0 and block["per_gpu_min"] > 0
         assert sum(block["statuses"].values()) == 2
         assert block["device_s"]["median"] <= block["device_s"]["p90"]
+        assert block["alone_s"]["median"] <= block["alone_s"]["p90"] and 0 < block["alone_s"]["busy_share"] <= 1
         assert [v["item"] for v in block["verdicts"]] == items
         for v in block["verdicts"]:
             assert set(v) == {"item", "status", "reasons", "speedup", "ci95", "phases_s", "wall_s"}
             assert v["status"] == "correct", v
             assert v["ci95"][0] <= v["ci95"][1] and v["phases_s"]
         assert set(block["phase_medians"]) == {p for v in block["verdicts"] for p in v["phases_s"]}
-    assert "| timing | cold | 2 |" in first.stdout and "same status 2/2" in first.stdout
+    assert "| timing:1 | cold | 2 |" in first.stdout and "same status 2/2" in first.stdout
 
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -141,6 +142,15 @@ def test_run_refuses_a_pack_row_it_cannot_judge(datasets, tmp_path):
         with pytest.raises(SystemExit, match=message):
             corpus.main(["run", "--pack", str(tmp_path / name), "--device", "cpu", "--out", str(tmp_path / "r.json")])
     assert not (tmp_path / "r.json").exists()
+
+
+def test_run_refuses_bad_scopes(datasets, tmp_path):
+    pack_file = tmp_path / "pack.jsonl"
+    pack(datasets, pack_file, "--n", "2", "--baselines", "none")
+    for bad in ("gpu", "timing:0", "timing:x", ""):
+        with pytest.raises(SystemExit, match="--scopes"):
+            corpus.main(["run", "--pack", str(pack_file), "--device", "cpu", "--scopes", bad,
+                         "--out", str(tmp_path / "r.json")])
 
 
 def test_run_refuses_a_result_file_of_another_pack(datasets, tmp_path):

@@ -1,8 +1,8 @@
 """The local scheduler: CPU build slots feed device timing slots; results stream in completion order.
 
 Build slots prebuild inline extensions into the shared cache, timing slots run `evaluate`; each evaluation is
-one fresh worker process. With more than one slot per device the worker's device lock covers its whole device
-phase. Every submission's `Future[Verdict]` is always resolved (a watchdog settles stuck evaluations and
+one fresh worker process. The slots of a device share it for construction, first calls and checks, and each has
+it alone for its timed rounds (the device gate, `judge/speed/gate.py`). Every submission's `Future[Verdict]` is always resolved (a watchdog settles stuck evaluations and
 replaces their slots); bad protocol knobs raise in `submit`. Slots come from a pluggable backend (`cluster`).
 Rationale: docs/design/serve.md#pool
 """
@@ -34,9 +34,10 @@ MARGIN_S = 90.0  # beyond the runner's own limits (it may wait 30 s to reap a ki
 
 
 def gpu_slots(gpus: int, cores: int | None = None, forked: bool | None = None) -> int:
-    """Timing slots per GPU when the worker holds the device from construction to the end of timing: enough
-    workers starting beside the one on the device to keep it busy, as few as that takes (each waiting
-    worker holds a CUDA context, ~0.5 GB, and its start-up is GPU work off the lock).
+    """Evaluations at once per GPU: enough that the GPU is rarely idle, as few as that takes (each holds three
+    CUDA contexts, ~1.5 GB, and its start-up, compiles and checks take cores). On real candidates with the device
+    gate, 4 and 8 slots gave the same throughput on one H200 with 16 cores (BENCHMARKS.md); the figures below
+    are from evaluations holding the device from construction to the end of timing.
     Forked workers (`zygote`) start in ~0.7 s (CUDA context, kernel tracer) against ~1 s on the device: 4
     (H100, 16 cores, cache hits: 4 slots 31.6 candidates/min, first verdict 5 s; 10 slots 27.9/min, 16 s).
     Spawned ones (bwrap sandbox, `KERNELCRAFT_ZYGOTE=0`) take ~10 s to start: two thirds of the cores per
@@ -100,7 +101,7 @@ class Pool:
     `devices`: "cpu", "cuda", a list like ["cuda:0", "cuda:1"], or None (all visible GPUs, else cpu).
     `per_device`: evaluations at once per device (default `gpu_slots` per GPU; on cpu, 2). `lock_scope`: "timing"
     (they share the device except while one times) or "device" (each has it alone from construction to the end
-    of its timing; `evaluate`). `build_workers`: build slots (default: os.cpu_count()).
+    of its job; `evaluate`). `build_workers`: build slots (default: os.cpu_count()).
     `protocol` and knob keywords (e.g. trials=3, timing=False) are the protocol of every submission unless it
     overrides them.
     """

@@ -2,7 +2,7 @@
 
 Two flocks per device, each freed if its holder dies: the lock itself, held *shared* by every evaluation in a device
 phase (construction, first calls, correctness trials, float64 truth, the weights trial) and *exclusively* by one
-that times (or, under `lock_scope="device"`, by one evaluation from its construction to the end of its timing); and
+that times (or, under `lock_scope="device"`, by one evaluation from its construction to the end of its job); and
 `<lock>.gate`, held exclusively by a timer from its wait to the end of its rounds, so no new sharer enters meanwhile
 (writer preference), and shared for a moment by every sharer entering.
 
