@@ -42,7 +42,8 @@ def _env(worker_env: dict | None, start: str | None = None) -> Env:
     return Env(kernelcraft=__version__, torch=e.get("torch", torch.__version__),
                cuda=e.get("cuda", torch.version.cuda), gpu=e.get("gpu"),
                python=e.get("python", sys.version.split()[0]), kernel_tracer=e.get("kernel_tracer"),
-               worker_start=start, isolation=e.get("isolation"), reference=e.get("reference"))
+               worker_start=start, isolation=e.get("isolation"), reference=e.get("reference"),
+               prepare_s=e.get("prepare_s"))
 
 
 def evaluate(

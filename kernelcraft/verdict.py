@@ -180,6 +180,7 @@ class Env(BaseModel):
     python: str | None = None
     kernel_tracer: str | None = None  # strict mode on a GPU: how kernels were seen ("cupti" or the fallback)
     worker_start: str | None = None  # "fork" (from the zygote) or "spawn"
+    prepare_s: dict[str, float] | None = None  # the candidate process's `prepare` phase by part (as that process saw it)
     isolation: dict | None = None  # how the candidate's process was fenced off (judge.process.isolation.describe)
     reference: str | None = None  # "fresh" (imported and constructed for this candidate) or "warm" (judge.caller.warm)
 

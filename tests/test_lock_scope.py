@@ -193,7 +193,7 @@ def test_candidate_prepared_off_the_lock_then_imported_on_it(cache_dir):
     candidate's module, after it."""
     lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
     held = threading.Event()
-    t = threading.Thread(target=_hold_lock, args=(lock, 6.0, held))
+    t = threading.Thread(target=_hold_lock, args=(lock, 10.0, held))
     t.start()
     held.wait()
     v = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, lock_scope="device", cache_dir=cache_dir)
@@ -202,3 +202,6 @@ def test_candidate_prepared_off_the_lock_then_imported_on_it(cache_dir):
     order = list(v.phases_s)
     assert order.index("prepare") < order.index("wait_device") < order.index("import") < order.index("init"), order
     assert v.phases_s["wait_device"] >= 2.0, v.phases_s
+    # where `prepare` went, part by part (on a CPU: no CUDA context, no kernel tracer)
+    assert set(v.env.prepare_s) == {"build_cache", "preload", "process_state"}, v.env.prepare_s
+    assert all(s >= 0 for s in v.env.prepare_s.values()) and sum(v.env.prepare_s.values()) <= v.phases_s["prepare"]

@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -76,6 +77,14 @@ class Side:
         if getattr(self, "_prepared", False):
             return {"type": "ok"}
         self.phase = "import"
+        steps, t = {}, time.perf_counter()
+
+        def step(name: str) -> None:  # seconds of each part, for the verdict's `env.prepare_s`
+            nonlocal t
+            now = time.perf_counter()
+            steps[name] = round(now - t, 4)
+            t = now
+
         self.device = torch.device(msg["device"])
         self.path = msg["path"]
         self.guarded = msg.get("guarded", True)
@@ -84,21 +93,26 @@ class Side:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             torch.cuda.init()
+            step("cuda")
             if self.role == "candidate" and msg.get("strict"):
                 tripwires.profile_kernels(lambda: torch.zeros(1, device=self.device), self.device)
+                step("kernel_tracer")
         cap = torch.cuda.get_device_capability(0) if self.device.type == "cuda" else None
         if self.role == "candidate":
             self.build = BuildCache(Path(msg["cache_dir"]) / "ext", msg.get("arch") or arch_for(cap))
             self.build.install(count_calls=bool(msg.get("strict")))
+            step("build_cache")
             for name in msg.get("preload", ()):  # trusted libraries (triton, inductor) before the candidate
                 try:
                     importlib.import_module(name)
                 except Exception:  # noqa: BLE001 - the candidate's own import will say so
                     pass
+            step("preload")
             self.state = guards.ProcessState.capture()
             self.state.watch_harness(None)
+            step("process_state")
         self._prepared = True
-        return {"type": "ok"}
+        return {"type": "ok", "steps_s": steps}
 
     def cmd_import(self, msg: dict, fds) -> dict:
         self.cmd_prepare(msg, fds)

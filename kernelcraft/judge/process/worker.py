@@ -39,6 +39,7 @@ from kernelcraft.protocol import Protocol  # noqa: E402
 
 HOST_SHARE = 1 / 3  # inputs + outputs above this share of the GPU: the judge's copies in host memory (`_place_copies`)
 HOST_SHARE_VAR = "KERNELCRAFT_JUDGE_HOST_SHARE"  # overrides it (tests force host copies on small tasks with 0)
+PREPARE_STEPS = ("cuda", "kernel_tracer", "build_cache", "preload", "process_state")  # `side.cmd_prepare`'s parts
 SHARE_IO = 1 / 16  # inputs + outputs above this share of the GPU: the job keeps the device to itself (`alone_on_device`)
 
 
@@ -96,7 +97,9 @@ class Evaluation:
         strict = p.mode == "strict"
         self.cand_import = dict(cmd="import", path=job["candidate_path"], strict=strict, guarded=self.guarded,
                                 preload=job.get("preload", ()), **common)
-        self.cand.request(dict(self.cand_import, cmd="prepare"), phase="prepare")
+        got = self.cand.request(dict(self.cand_import, cmd="prepare"), phase="prepare")
+        self.result["env"]["prepare_s"] = {k: float(v) for k, v in (got.get("steps_s") or {}).items()
+                                           if k in PREPARE_STEPS and isinstance(v, (int, float))}
         if not job.get("needs_build", True):
             self._take_device()  # a quick import's module-level code runs on the device; nvcc's, off it
         if self.device.type == "cuda":  # the idle probe's speed, before any candidate code could keep the GPU busy
