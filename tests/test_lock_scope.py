@@ -20,10 +20,11 @@ class ModelNew(nn.Module):
 '''
 
 
-def _hold_lock(path, seconds, held):
+def _hold_lock(path, seconds, held, how=fcntl.LOCK_EX):
+    """Another evaluation's hold on the device lock file: exclusive, or `fcntl.LOCK_SH` (a sharer's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    with open(path, "a") as f:
+        fcntl.flock(f, how)
         held.set()
         time.sleep(seconds)
         fcntl.flock(f, fcntl.LOCK_UN)
@@ -45,15 +46,6 @@ def test_waiting_for_the_device_is_on_no_clock(cache_dir):
     assert waited >= 7.0  # it did wait for the holder: construction and checks ran under the lock
 
 
-def _hold_shared(path, seconds, held):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_SH)
-        held.set()
-        time.sleep(seconds)
-        fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _time_like_a_timer(path, seconds, held, waited):
     """What a timer does (`gate.DeviceGate.exclusive`): the gate, then the lock, both exclusively."""
     gate = DeviceGate(str(path))
@@ -69,7 +61,7 @@ def test_timing_scope_checks_share_the_device(cache_dir):
     """Another evaluation's checks (a shared hold) do not hold this one's checks back."""
     lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
     held = threading.Event()
-    t = threading.Thread(target=_hold_shared, args=(lock, 20.0, held))
+    t = threading.Thread(target=_hold_lock, args=(lock, 20.0, held, fcntl.LOCK_SH))
     t.start()
     held.wait()
     t0 = time.perf_counter()
