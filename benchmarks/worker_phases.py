@@ -244,6 +244,10 @@ def main() -> int:
             outcome = f"correct, {res['timing']['speedup']:.3f}x"
         except BaseException as e:  # noqa: BLE001 - a diagnostic: report and go on
             outcome = f"{type(e).__name__}: {e}"
+        finally:
+            gate = ev.hand_over_lock()  # as `jobs.serve` does at a job's end: the next rep's timing needs the device
+            if gate is not None:
+                gate.close()
         stop.set()
         end_sides(sides)
         os.read(r, 1 << 20)
