@@ -94,6 +94,8 @@ QUICK = {
                       "test_malformed_replies_are_parse_errors_with_a_reason", "test_raw_python_without_fences_is_accepted"],
     "test_report.py": ["test_report_contents", "test_report_of_a_run_in_progress", "test_report_tells_one_story",
                        "test_report_cli_and_errors"],
+    "test_reward_load.py": ["test_bad_input_is_a_one_line_error",
+                            "test_draws_are_seeded_with_replacement_and_every_text_distinct"],
     "test_rundb.py": ["test_add_dedup_and_lifecycle", "test_in_flight_rows_survive_reopen_and_are_requeued",
                       "test_wal_meta_events_confirmations"],
     "test_sandbox.py": ["test_modes_and_their_errors", "test_secrets_are_scrubbed_from_the_environment"],
