@@ -72,9 +72,13 @@ def one_rep(task, source: str, device: str, precision: str, budget: float | None
     job = in_process_job(task, source, device, protocol, "kc-order-")
     r, w = os.pipe()
     sides = fork_sides(w)
+    ev = W.Evaluation(job, W.Channel(os.dup(w), "order"), sides, {})
     try:
-        res = W.Evaluation(job, W.Channel(os.dup(w), "order"), sides, {}).run()
+        res = ev.run()
     finally:
+        gate = ev.hand_over_lock()  # as `jobs.serve` does at a job's end: the next rep's timing needs the device
+        if gate is not None:
+            gate.close()
         end_sides(sides)
         os.close(r)
         os.close(w)
