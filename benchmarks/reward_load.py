@@ -30,7 +30,6 @@ import argparse
 import hashlib
 import importlib.util
 import json
-import os
 import random
 import secrets
 import shutil
@@ -60,11 +59,6 @@ def make_pool(args, device: str, cache_dir: str):
         from kernelcraft.serve.cluster import RayPool
 
         address = None if args.cluster in ("ray", "local") else args.cluster
-        if address is None and device == "cpu":
-            import ray  # CPU timing actors and a build actor take a CPU each: on a small host one would never be
-                        # scheduled and the pool would wait on it, so the local Ray counts enough CPUs
-            ray.init(num_cpus=max(os.cpu_count() or 1, (args.per_gpu or 2) + 1), include_dashboard=False,
-                     log_to_driver=False)
         return RayPool(address, devices=device, gpus=args.gpus if device == "cuda" else 0, cache_dir=cache_dir,
                        per_gpu=args.per_gpu, cpu_timing=args.per_gpu or 2)
     devices = [f"cuda:{i}" for i in range(args.gpus)] if device == "cuda" else ["cpu"]

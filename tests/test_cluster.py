@@ -107,3 +107,12 @@ def test_ray_backend_makes_per_gpu_slots_on_a_cluster_with_gpus(local_ray):
         RayBackend(devices="cuda", gpus=1, per_gpu=0)
     cpu = RayBackend(devices="cpu", cpu_timing=2, per_gpu=5)
     assert cpu.devices() == ["cpu", "cpu"]
+
+
+def test_build_actors_never_wait_for_cpus_the_timing_actors_hold():
+    """On a 2-CPU host two CPU timing actors hold both CPUs: a build actor that reserved one would never start."""
+    from kernelcraft.serve.cluster import build_actor_cpus
+
+    assert build_actor_cpus(8, 2) == 1 and build_actor_cpus(3, 2) == 1
+    assert build_actor_cpus(2, 2) == 0 and build_actor_cpus(1, 2) == 0
+    assert build_actor_cpus(16, 0) == 1  # GPU timing actors take no CPU

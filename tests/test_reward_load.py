@@ -70,3 +70,17 @@ def test_two_batches_on_cpu_give_every_candidate_a_verdict(datasets, tmp_path): 
     assert result["stats"]["completed"] == 8
     table = [line for line in r.stdout.splitlines() if line.startswith("|")]
     assert len(table) == 3 and "correct 8" in table[2] and table[2].startswith("| 2 | 4 |")
+
+
+def test_a_local_ray_cluster_on_a_small_cpu_host_answers(datasets, tmp_path):  # noqa: F811
+    """`--cluster ray` on the CPU: two CPU timing actors and a build actor on a host of any size (on 2 CPUs the
+    timing actors hold both, and the build actor must still start)."""
+    pack_file = tmp_path / "pack.jsonl"
+    pack(datasets, pack_file, "--n", "2", "--baselines", "none")
+    out = tmp_path / "load.json"
+    cmd = [sys.executable, str(SCRIPT), "--pack", str(pack_file), "--device", "cpu", "--cluster", "ray", "--batch", "2",
+           "--batches", "1", "--time-budget", "0.1", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(out.read_text())["summary"]
+    assert s["candidates"] == 2 and s["statuses"] == {"correct": 2}, s

@@ -45,6 +45,12 @@ def timing_actor_options(per_gpu: int) -> dict:
     return {"num_gpus": 1 / per_gpu, "num_cpus": 0}
 
 
+def build_actor_cpus(cluster_cpus: int, timing_cpus: int) -> int:
+    """The CPUs a build actor reserves: one, unless the timing actors leave less than one for it (a 2-CPU host with
+    two CPU timing slots), where it reserves none rather than wait for a CPU no actor will ever free."""
+    return 1 if cluster_cpus - timing_cpus >= 1 else 0
+
+
 def _ray():
     try:
         import ray
@@ -82,6 +88,7 @@ class RayBackend:
             raise ValueError(f"per_gpu must be at least 1, not {per_gpu}")
         self.per_gpu = (per_gpu or gpu_slots(n_gpu, cores=int(res.get("CPU", 1)))) if self.kind == "cuda" else 1
         self.n_timing = n_gpu * self.per_gpu if self.kind == "cuda" else cpu_timing
+        self.build_cpus = build_actor_cpus(int(res.get("CPU", 1)), self.n_timing if self.kind == "cpu" else 0)
         self.remote_cls = ray.remote(max_restarts=-1, max_task_retries=1)(_Actor)
         self._actors: dict[int, object] = {}
         self._arch: str | None = None
@@ -92,7 +99,10 @@ class RayBackend:
         return [self.kind] * self.n_timing
 
     def _actor(self, timing: bool):
-        opts = timing_actor_options(self.per_gpu) if timing and self.kind == "cuda" else {"num_cpus": 1}
+        if timing:
+            opts = timing_actor_options(self.per_gpu) if self.kind == "cuda" else {"num_cpus": 1}
+        else:
+            opts = {"num_cpus": self.build_cpus}
         return self.remote_cls.options(**opts).remote(self.cache_dir)
 
     def _call(self, actor, method: str, *args):
