@@ -20,7 +20,7 @@ def serve_cmd(
     host: str = typer.Option("127.0.0.1", help="address to bind (loopback unless told otherwise)"),
     port: int = typer.Option(8000, min=0, max=65535),
     jobs: Optional[int] = typer.Option(None, min=1, help="evaluations at once per device, as in optimize and bench "
-                                       "(default: 2 on cpu; 2-4 per GPU by cores)"),
+                                       "(default: 2 on cpu; 2-4 per GPU by cores); with --cluster, actors per GPU"),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, hidden=True, help="alias of --jobs"),
     build_workers: Optional[int] = typer.Option(None, min=1, help="CPU build slots (default: one per core)"),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: all visible GPUs, else cpu)"),
