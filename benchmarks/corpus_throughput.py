@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import os
 import random
@@ -46,10 +45,10 @@ import torch
 from kernelcraft.bench import baselines as bl
 from kernelcraft.bench.sources import NO_CODE, BenchError, resolve
 from kernelcraft.bench.timeuse import _clocks
+from kernelcraft.evaluate import LOCK_SCOPES as SCOPES
 from kernelcraft.serve.pool import Pool
 
 CODE_FIELDS = {"custom_code": "custom", "cuda_graph_code": "cuda_graph", "cudnn_code": "cudnn"}
-SCOPES = ("timing", "device")
 PHASES = ("cold", "warm")
 _TASK_FILE_RE = re.compile(r"^(\d+)_.+\.py$")
 
@@ -165,21 +164,15 @@ def read_pack(path: Path) -> list[tuple[dict, object]]:
     return [(row, replace(item.task, name=row["item"], level=row["level"])) for row, item in zip(rows, items)]
 
 
-def pool_takes_lock_scope() -> bool:
-    return "lock_scope" in inspect.signature(Pool).parameters
-
-
 def run_block(pairs, scope: str, device: str, gpus: int, per_gpu: int | None, cache_dir: str,
               time_budget: float | None) -> dict:
     """One block: every pair through a fresh pool with the device lock's `scope` and `per_gpu` slots."""
     devices = [f"cuda:{i}" for i in range(gpus)] if device == "cuda" else ["cpu"]
     knobs = {"time_budget_s": time_budget} if time_budget else {}
-    per_item = {} if pool_takes_lock_scope() else {"lock_scope": scope}  # else the pool's keyword
     verdicts = [None] * len(pairs)
-    with Pool(devices=devices, per_device=per_gpu or None, cache_dir=cache_dir, **knobs,
-              **({} if per_item else {"lock_scope": scope})) as pool:
+    with Pool(devices=devices, per_device=per_gpu or None, cache_dir=cache_dir, lock_scope=scope, **knobs) as pool:
         t0 = time.monotonic()
-        futures = {pool.submit(task, row["code"], **per_item, **baseline_timeout(row["kind"], pool)): i
+        futures = {pool.submit(task, row["code"], **baseline_timeout(row["kind"], pool)): i
                    for i, (row, task) in enumerate(pairs)}
         for f in as_completed(futures):
             verdicts[futures[f]] = verdict_record(pairs[futures[f]][0]["item"], f.result())
@@ -200,8 +193,16 @@ def verdict_record(item: str, v) -> dict:
             "ci95": list(v.timing.ci95) if v.timing else None, "phases_s": dict(v.phases_s), "wall_s": v.wall_s}
 
 
-def p90(values: list[float]) -> float:
-    return statistics.quantiles(values, n=10, method="inclusive")[8] if len(values) > 1 else values[0]
+def pct(values: list[float], q: int) -> float | None:
+    """The q-th percentile (inclusive method); the value itself for one; None for none."""
+    if not values:
+        return None
+    return round(values[0] if len(values) == 1 else statistics.quantiles(values, n=100, method="inclusive")[q - 1], 3)
+
+
+def busy_share(verdicts: list[dict], wall: float, gpus: int) -> float | None:
+    """Sum of the timed rounds (the phase with a GPU alone) over the GPUs' wall time."""
+    return round(sum(v["phases_s"].get("time", 0.0) for v in verdicts) / (wall * gpus), 3) if wall > 0 else None
 
 
 def summarize(verdicts: list[dict], wall: float, gpus: int) -> dict:
@@ -210,9 +211,9 @@ def summarize(verdicts: list[dict], wall: float, gpus: int) -> dict:
     names = sorted({p for v in verdicts for p in v["phases_s"]})
     return {"n": len(verdicts), "gpus": gpus, "wall_s": round(wall, 2),
             "per_gpu_min": round(len(verdicts) / (wall / 60 * gpus), 2) if wall > 0 else None,
-            "device_s": {"median": round(statistics.median(on_device), 3), "p90": round(p90(on_device), 3)},
-            "alone_s": {"median": round(statistics.median(alone), 3), "p90": round(p90(alone), 3),
-                        "busy_share": round(sum(alone) / (wall * gpus), 3) if wall > 0 else None},
+            "device_s": {"median": round(statistics.median(on_device), 3), "p90": pct(on_device, 90)},
+            "alone_s": {"median": round(statistics.median(alone), 3), "p90": pct(alone, 90),
+                        "busy_share": busy_share(verdicts, wall, gpus)},
             "phase_medians": {p: round(statistics.median(v["phases_s"][p] for v in verdicts if p in v["phases_s"]), 3)
                               for p in names},
             "statuses": dict(Counter(v["status"] for v in verdicts)), "verdicts": verdicts}
@@ -250,8 +251,7 @@ def run(args) -> int:
     pack_path = Path(args.pack)
     pairs = read_pack(pack_path)
     header = {"pack": str(pack_path), "pack_sha256": hashlib.sha256(pack_path.read_bytes()).hexdigest(),
-              "device": device, "gpus": args.gpus, "per_gpu": args.per_gpu, "time_budget_s": args.time_budget,
-              "lock_scope_via": "pool" if pool_takes_lock_scope() else "submit"}
+              "device": device, "gpus": args.gpus, "per_gpu": args.per_gpu, "time_budget_s": args.time_budget}
     out = Path(args.out)
     results = load_results(out, header)
     done = {(b["scope"], b["phase"]) for b in results["blocks"]}

@@ -29,12 +29,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
-import json
 import random
 import secrets
 import shutil
 import socket
-import statistics
 import sys
 import tempfile
 import threading
@@ -111,13 +109,6 @@ def send(client: Client, pool, drawn, time_budget: float | None) -> tuple[list[d
             for (row, _, _), v in zip(drawn, results)], wall
 
 
-def pct(values: list[float], q: int) -> float | None:
-    """The q-th percentile (inclusive method); the value itself for one."""
-    if not values:
-        return None
-    return round(values[0] if len(values) == 1 else statistics.quantiles(values, n=100, method="inclusive")[q - 1], 3)
-
-
 def summarize(batches: list[dict], gpus: int) -> dict:
     verdicts = [v for b in batches for v in b["verdicts"]]
     wall = sum(b["wall_s"] for b in batches)
@@ -125,18 +116,13 @@ def summarize(batches: list[dict], gpus: int) -> dict:
     judge = [v["wall_s"] for v in verdicts if isinstance(v["wall_s"], (int, float))]
     per_min = len(verdicts) / wall * 60 if wall > 0 else None
     return {"batches": len(batches), "candidates": len(verdicts), "wall_s": round(wall, 2),
-            "verdict_latency_s": {"p50": pct(latency, 50), "p95": pct(latency, 95)},
-            "batch_latency_s": {"p50": pct(batch_wall, 50), "p95": pct(batch_wall, 95)},
-            "judge_wall_s": {"p50": pct(judge, 50), "p95": pct(judge, 95)},
+            "verdict_latency_s": {"p50": corpus.pct(latency, 50), "p95": corpus.pct(latency, 95)},
+            "batch_latency_s": {"p50": corpus.pct(batch_wall, 50), "p95": corpus.pct(batch_wall, 95)},
+            "judge_wall_s": {"p50": corpus.pct(judge, 50), "p95": corpus.pct(judge, 95)},
             "per_min": round(per_min, 2) if per_min else None,
             "per_gpu_min": round(per_min / gpus, 2) if per_min else None,
-            "busy_share": busy_share(verdicts, wall, gpus),
+            "busy_share": corpus.busy_share(verdicts, wall, gpus),
             "statuses": dict(Counter(v["status"] for v in verdicts))}
-
-
-def busy_share(verdicts: list[dict], wall: float, gpus: int) -> float | None:
-    """Sum of the timed rounds (a GPU alone) over the GPUs' wall time."""
-    return round(sum(v["phases_s"].get("time", 0.0) for v in verdicts) / (wall * gpus), 3) if wall > 0 else None
 
 
 def run(args) -> int:
@@ -168,7 +154,7 @@ def run(args) -> int:
         for index in range(args.batches):
             verdicts, wall = send(client, pool, draw(pairs, args.batch, index, rng), args.time_budget)
             batch = {"index": index, "n": len(verdicts), "wall_s": round(wall, 3),
-                     "busy_share": busy_share(verdicts, wall, gpus),
+                     "busy_share": corpus.busy_share(verdicts, wall, gpus),
                      "statuses": dict(Counter(v["status"] for v in verdicts)), "verdicts": verdicts}
             results["batch_results"].append(batch)
             results["summary"] = summarize(results["batch_results"], gpus)

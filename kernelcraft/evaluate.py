@@ -35,6 +35,15 @@ from kernelcraft.version import __version__
 REMEASURE_TRIALS = 1  # correctness trials of a fresh-worker re-measure (`remeasure_protocol`)
 
 
+LOCK_SCOPES = ("timing", "device")  # what the device gate covers (`evaluate`'s `lock_scope`)
+
+
+def check_lock_scope(lock_scope: str) -> None:
+    """ValueError unless `lock_scope` is one of `LOCK_SCOPES`."""
+    if lock_scope not in LOCK_SCOPES:
+        raise ValueError(f"lock_scope must be 'timing' or 'device', not {lock_scope!r}")
+
+
 def _env(worker_env: dict | None, start: str | None = None) -> Env:
     import torch  # here, not at the top: callers that never judge (the CLI's --help) start without torch
 
@@ -71,8 +80,7 @@ def evaluate(
     the device alone from construction to the end of the job). Both are safe beside other evaluations
     (`judge/speed/gate.py`).
     """
-    if lock_scope not in ("timing", "device"):
-        raise ValueError(f"lock_scope must be 'timing' or 'device', not {lock_scope!r}")
+    check_lock_scope(lock_scope)
     dev, visible = devices.resolve(device)
     proto = Protocol.make(protocol, **knobs).resolved(dev)
     place = dict(device=dev, visible=visible, cache_dir=cache_dir, keep_workdir=keep_workdir, lock_scope=lock_scope)

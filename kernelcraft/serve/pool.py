@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 
 from kernelcraft.candidate import Candidate, load_candidate, needs_build, structure_problem
 from kernelcraft.devices import arch_of, visible_devices
-from kernelcraft.evaluate import _env, evaluate, prebuild
+from kernelcraft.evaluate import _env, check_lock_scope, evaluate, prebuild
 from kernelcraft.judge.caller import zygote
 from kernelcraft.judge.caller.runner import cache_root
 from kernelcraft.judge.caller.screen import screen
@@ -123,8 +123,7 @@ class Pool:
         if not per_device:
             gpus = sum(1 for d in devices if d != "cpu")
             per_device = gpu_slots(gpus) if gpus else 2
-        if lock_scope not in ("timing", "device"):
-            raise ValueError(f"lock_scope must be 'timing' or 'device', not {lock_scope!r}")
+        check_lock_scope(lock_scope)
         self.defaults["lock_scope"] = lock_scope
         self.devices = [d for d in devices for _ in range(per_device)]
         self.build_workers = max(1, build_workers or os.cpu_count() or 2)

@@ -3,8 +3,9 @@
 A judge process is forked by the `zygote` or spawned through the `sandbox`, and leads its own process group, so a
 timeout or clean-up kills everything the candidate started. Two clocks: `build_timeout_s` during `BUILD_PHASES`,
 `timeout_s` after; waiting for the device (`WAIT_PHASES`) stops the running one, which goes on where it stopped.
-Results arrive on a private pipe, each line carrying the caller's nonce; anything else marks the outcome `forged`. A job that ran out of device memory because
-of idle warm judges or this process's other jobs is run once more (`warm`, `gpushare`).
+Results arrive on a private pipe, each line carrying the caller's nonce; anything else marks the outcome `forged`.
+A job that ran out of device memory because of idle warm judges or this process's other jobs is run once more
+(`warm`, `gpushare`).
 
 Rationale: docs/design/judge-caller.md#runner
 """

@@ -144,6 +144,14 @@ class Evaluation:
         else:
             self.gate.share()
 
+    def wait_for_device(self, take) -> None:
+        """`take` (a gate call that may block) as phase `wait_device`, on no clock; then back to the phase it
+        interrupted."""
+        phase = self.phase
+        self.enter("wait_device")
+        take()
+        self.enter(phase)
+
     def step_aside_if_wanted(self, running: SideProc | None) -> None:
         """A timer waits for the device (`gate.wanted`): `running` (the side whose request is in flight, or None
         between requests) frozen, this judge's own device work finished, the device given back until the timer is
@@ -154,10 +162,7 @@ class Evaluation:
             running.freeze()
         if self.device.type == "cuda" and torch.cuda.is_initialized():
             torch.cuda.synchronize()
-        phase = self.phase
-        self.enter("wait_device")
-        self.gate.step_aside()
-        self.enter(phase)
+        self.wait_for_device(self.gate.step_aside)
         if running is not None:
             running.thaw()
 
@@ -167,10 +172,7 @@ class Evaluation:
         once others' queued work has drained."""
         if self.gate.mode == EXCLUSIVE or self.gate.path is None:
             return
-        phase = self.phase
-        self.enter("wait_device")
-        self.gate.exclusive()
-        self.enter(phase)
+        self.wait_for_device(self.gate.exclusive)
         if self.device.type == "cuda":
             self.idle_clock = timing.RoundTripClock(self.device, floor_ms=rounds.idle_floor(self.gate))
 

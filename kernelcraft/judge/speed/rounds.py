@@ -111,9 +111,7 @@ def time_candidate(ev, accepted: Acceptance) -> None:
     sibs: list[SideProc] = []
     held = ev.gate.mode
     if held != EXCLUSIVE:
-        ev.enter("wait_device")
-        ev.gate.exclusive()
-        ev.enter("time")
+        ev.wait_for_device(ev.gate.exclusive)  # (the phase is `time`)
     try:
         clock = timing.RoundTripClock(ev.device, floor_ms=idle_floor(ev.gate))
         ev.gate.record_idle(clock.idle_ms)
