@@ -94,3 +94,18 @@ def test_candidate_source_matches_the_fast_path(gemm):
     cfg = tunable.default_config(match.kernel, match.shape)
     v = evaluate(task, tunetemplates.candidate_source(task.source, match, cfg), device="cuda", time_budget_s=0.5)
     assert v.status == "correct", v.message
+
+
+@pytest.mark.parametrize("name", ["gemm_bmm", "gemm_einsum_4d", "gemm_transposed_both", "gemm_triu", "gemm_tril",
+                                  "gemm_split_k", "gemm_einsum_bt"])
+def test_the_gemm_variants_are_correct_on_gpu(name, cache_dir):
+    """Each layout of the GEMM template (tests/test_tune_gemm_variants.py) at its default configuration and
+    at the smallest blocks, judged like any candidate."""
+    from pathlib import Path
+
+    task = load_task(Path(__file__).parent / "fixtures" / "tasks" / f"{name}.py")
+    (d,) = rewrite.analyze(task.source).tunable
+    match = tunable.Match.from_json(d)
+    for cfg in (tunable.default_config(match.kernel, match.shape), tunable.all_configs(match.kernel, match.shape)[0]):
+        v = evaluate(task, tunetemplates.candidate_source(task.source, match, cfg), device="cuda", time_budget_s=0.3)
+        assert v.status == "correct", (name, cfg, v.reasons, v.message)

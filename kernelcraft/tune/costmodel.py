@@ -53,21 +53,27 @@ def feature_names(kind: str) -> list[str]:
     return base + [f"c_{k}" for k in FEATURE_KEYS]
 
 
+def _tri_share(kernel: tunable.Kernel) -> float:
+    """The share of a GEMM's output tiles that compute a product: about half when a triangle is kept."""
+    return 0.5 if kernel.tri else 1.0
+
+
 def featurize(kernel: tunable.Kernel, shape: dict, config: dict, features: dict | None = None) -> list[float]:
     """The model's input row (order: `feature_names(kernel.kind)`); unknown compiled features are NaN."""
     nb = tunable.DTYPE_BYTES[kernel.dtype]
     if kernel.kind == "gemm":
         M, N, K = shape["M"], shape["N"], shape["K"]
+        nbatch, work = tunable.batch_of(shape), _tri_share(kernel)
         bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-        tiles = math.ceil(M / bm) * math.ceil(N / bn)
+        tiles = math.ceil(M / bm) * math.ceil(N / bn) * nbatch * work * kernel.split_k
         waves = tiles / SMS
         fill = tiles / (math.ceil(waves) * SMS)
         pad = (math.ceil(M / bm) * bm * math.ceil(N / bn) * bn) / (M * N) - 1
         row = [_log2(M), _log2(N), _log2(K), nb, float(kernel.b_trans), kernel.vectors,
                kernel.epilogue.count("\n") + 1, _log2(bm), _log2(bn), _log2(bk), config["GROUP_M"],
-               config["num_warps"], config["num_stages"], _log2(tiles), waves, fill, math.ceil(K / bk), pad,
+               config["num_warps"], config["num_stages"], _log2(tiles), waves, fill, math.ceil(K / kernel.split_k / bk), pad,
                config["num_stages"] * (bm + bn) * bk * nb / 1024, bm * bn / (32 * config["num_warps"]),
-               _log2(2 * M * N * K), _log2((M * K + K * N + M * N) * nb)]
+               _log2(2 * M * N * K * nbatch * work), _log2((M * K + K * N + M * N) * nb * nbatch)]
     else:
         rows, cols = shape["rows"], shape["cols"]
         bn, w = config["BLOCK_N"], config["num_warps"]
@@ -86,8 +92,9 @@ def roofline_ms(kernel: tunable.Kernel, shape: dict) -> float:
     nb = tunable.DTYPE_BYTES[kernel.dtype]
     if kernel.kind == "gemm":
         M, N, K = shape["M"], shape["N"], shape["K"]
+        nbatch = tunable.batch_of(shape)
         rate = 160e12 if kernel.dtype == "float32" else 800e12  # tf32x3 is three TF32 products
-        return max(2 * M * N * K / rate, (M * K + K * N + M * N) * nb / 3e12) * 1e3
+        return max(2 * M * N * K * nbatch * _tri_share(kernel) / rate, (M * K + K * N + M * N) * nb * nbatch / 3e12) * 1e3
     return 2 * shape["rows"] * shape["cols"] * nb / 3e12 * 1e3
 
 

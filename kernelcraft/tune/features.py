@@ -76,9 +76,13 @@ def meta_operands(kernel: tunable.Kernel, shape: dict):
     e = dict(device="meta", dtype=dt)
     if kernel.kind == "gemm":
         M, N, K = shape["M"], shape["N"], shape["K"]
-        b = torch.empty(N, K, **e).t() if kernel.b_trans else torch.empty(K, N, **e)
+        lead = (tunable.batch_of(shape),) if kernel.batched else ()
+        a = torch.empty(*lead, K, M, **e).transpose(-1, -2) if kernel.a_trans else torch.empty(*lead, M, K, **e)
+        b = torch.empty(*lead, N, K, **e).transpose(-1, -2) if kernel.b_trans else torch.empty(*lead, K, N, **e)
         vecs = tuple(torch.empty(N, **e) for _ in range(kernel.vectors))
-        return (torch.empty(M, K, **e), b, vecs, torch.empty(M, N, **e))
+        if kernel.split_k > 1:  # the launch writes one float32 partial product per K range
+            return (a, b, vecs, torch.empty(kernel.split_k, M, N, device="meta", dtype=torch.float32))
+        return (a, b, vecs, torch.empty(*lead, M, N, **e))
     rows, cols = shape["rows"], shape["cols"]
     params = tuple(torch.empty(cols, **e) for on in (kernel.weight, kernel.bias) if on)
     return (torch.empty(rows, cols, **e), torch.empty(rows, cols, **e), params)

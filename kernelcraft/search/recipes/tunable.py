@@ -37,6 +37,10 @@ KNOBS = {
     },
 }
 SHAPE_KEYS = {"gemm": ("M", "N", "K"), "rownorm": ("rows", "cols")}
+OPTIONAL_SHAPE_KEYS = {"gemm": {"batch": 1}, "rownorm": {}}  # key: the value it stands for when absent
+TRIANGLES = ("", "upper", "lower")
+MAX_SPLIT_K = 64
+SMS = 132  # streaming multiprocessors of the Hopper GPUs the masks and the split are sized for
 
 
 class TunableError(ValueError):
@@ -48,7 +52,12 @@ class Kernel:
     """A template family plus everything fixed in its code. gemm: `epilogue`, Python lines over `acc`
     (the fp32 accumulator tile) and `v0..` (`vectors` row vectors of length N) ending in an assignment
     to `out`; `b_trans`, B is the transpose of a contiguous (N, K) matrix (a Linear weight: its unit
-    stride, which Triton specialises, is along K). rownorm: `op`, `eps`, `weight`, `bias`."""
+    stride, which Triton specialises, is along K); `a_trans`, A the transpose of a contiguous (K, M) matrix;
+    `batched`, A (batch, M, K) @ B (batch, K, N), one grid axis per batch (shape key `batch`); `tri`
+    ("upper"/"lower"), the output's triangle kept as torch.triu/tril with `tri_diag` keep it, zeros elsewhere,
+    and tiles wholly outside it never compute their product; `split_k` > 1, K cut into that many ranges
+    computed apart and summed (a plain product only: few output tiles, a long K). rownorm: `op`, `eps`,
+    `weight`, `bias`."""
     kind: str
     dtype: str
     epilogue: str = "out = acc"
@@ -58,6 +67,11 @@ class Kernel:
     eps: float = 0.0
     weight: bool = False
     bias: bool = False
+    a_trans: bool = False
+    batched: bool = False
+    tri: str = ""
+    tri_diag: int = 0
+    split_k: int = 1
 
     def __post_init__(self):
         if self.kind not in KNOBS:
@@ -66,10 +80,20 @@ class Kernel:
             raise TunableError(f"unsupported dtype {self.dtype!r}: one of {sorted(DTYPE_BYTES)}")
         if self.kind == "rownorm" and self.op not in ROW_OPS:
             raise TunableError(f"unknown row op {self.op!r}: one of {ROW_OPS}")
+        if self.tri not in TRIANGLES or (self.tri and self.kind != "gemm") or (self.tri_diag and not self.tri):
+            raise TunableError(f"triangle {self.tri!r} (diagonal {self.tri_diag}): one of {TRIANGLES[1:]}, gemm only")
+        if self.split_k != 1 and not (self.kind == "gemm" and 2 <= self.split_k <= MAX_SPLIT_K and not self.batched
+                                      and not self.tri and not self.vectors and self.epilogue == "out = acc"):
+            raise TunableError(f"split_k={self.split_k}: 2..{MAX_SPLIT_K}, for a plain unbatched product only")
 
     def key(self) -> str:
-        """A stable identity of the generated code (kind, dtype, then a hash of the rest)."""
-        body = json.dumps(asdict(self), sort_keys=True)
+        """A stable identity of the generated code (kind, dtype, then a hash of the rest; a field at the
+        default it had before it existed is left out, so older keys still name the same code)."""
+        d = asdict(self)
+        for name, default in _LATER_FIELDS.items():
+            if d[name] == default:
+                del d[name]
+        body = json.dumps(d, sort_keys=True)
         tag = self.op if self.kind == "rownorm" else "epi"
         return f"{self.kind}-{self.dtype}-{tag}-{hashlib.sha256(body.encode()).hexdigest()[:10]}"
 
@@ -79,6 +103,9 @@ class Kernel:
     @classmethod
     def from_json(cls, d: dict) -> "Kernel":
         return cls(**d)
+
+
+_LATER_FIELDS = {"a_trans": False, "batched": False, "tri": "", "tri_diag": 0, "split_k": 1}
 
 
 @dataclass
@@ -100,10 +127,29 @@ class Match:
 
 
 def check_shape(kind: str, shape: dict) -> dict:
-    keys = SHAPE_KEYS[kind]
-    if set(shape) != set(keys) or not all(isinstance(shape[k], int) and shape[k] > 0 for k in keys):
-        raise TunableError(f"a {kind} shape is {{{', '.join(keys)}}} with positive integers, not {shape!r}")
-    return {k: shape[k] for k in keys}
+    keys, optional = SHAPE_KEYS[kind], OPTIONAL_SHAPE_KEYS[kind]
+    if not set(keys) <= set(shape) <= set(keys) | set(optional) \
+            or not all(isinstance(shape[k], int) and not isinstance(shape[k], bool) and shape[k] > 0 for k in shape):
+        extra = f" (optional: {', '.join(optional)})" if optional else ""
+        raise TunableError(f"a {kind} shape is {{{', '.join(keys)}}}{extra} with positive integers, not {shape!r}")
+    return {k: shape[k] for k in (*keys, *optional) if k in shape}
+
+
+def split_for(M: int, N: int, K: int) -> int:
+    """How many K ranges a plain product is cut into: 1 unless its 128x128 output tiles fill under a quarter
+    of the SMs while K is long (>= 16384); then enough ranges for about two tiles per SM, each >= 2048 long."""
+    tiles = -(-M // 128) * -(-N // 128)
+    if tiles * 4 >= SMS or K < 16384:
+        return 1
+    split = 1
+    while split * 2 <= MAX_SPLIT_K and tiles * split * 2 <= 2 * SMS and K // (split * 2) >= 2048:
+        split *= 2
+    return split
+
+
+def batch_of(shape: dict) -> int:
+    """How many independent products a gemm shape stands for (1 without a `batch` key)."""
+    return int(shape.get("batch", 1))
 
 
 def _np2(n: int) -> int:
@@ -230,8 +276,13 @@ def record_tuned(kernel: Kernel, shape: dict, config: dict, *, ms: float, gpu: s
     return path
 
 
-def lookup_config(kernel: Kernel, shape: dict, *, paths=None) -> tuple[dict, str]:
-    """(configuration, where it came from) for `kernel` at `shape` (docs/design/recipes.md#tunable)."""
+OTHER_GPU = 1.0  # distance added to an entry tuned on another GPU product (a factor of 2 in one size)
+OTHER_CODE = 0.5  # ... and to one tuned for another kernel of the same family and dtype
+
+
+def lookup_config(kernel: Kernel, shape: dict, *, gpu: str | None = None, paths=None) -> tuple[dict, str]:
+    """(configuration, where it came from) for `kernel` at `shape` on the GPU product `gpu` (its
+    `torch.cuda.get_device_name`; None: any) (docs/design/recipes.md#tunable)."""
     paths = [tuned_store_path(), BUILTIN_STORE] if paths is None else [Path(p) for p in paths]
     keys = SHAPE_KEYS[kernel.kind]
     best, best_d, origin = None, math.inf, "default"
@@ -240,9 +291,15 @@ def lookup_config(kernel: Kernel, shape: dict, *, paths=None) -> tuple[dict, str
             if e.get("kernel") != kernel.key() and not (e.get("kind") == kernel.kind and e.get("dtype") == kernel.dtype):
                 continue
             cfg, eshape = e.get("config") or {}, e.get("shape") or {}
-            if set(eshape) != set(keys) or why_invalid(kernel, shape, cfg) is not None:
+            try:
+                eshape = check_shape(kernel.kind, eshape)
+            except TunableError:
                 continue
-            d = sum(abs(math.log2(eshape[k] / shape[k])) for k in keys) + (0 if e.get("kernel") == kernel.key() else 0.5)
+            if why_invalid(kernel, shape, cfg) is not None:
+                continue
+            d = sum(abs(math.log2(eshape[k] / shape[k])) for k in keys) \
+                + (abs(math.log2(batch_of(eshape) / batch_of(shape))) if kernel.kind == "gemm" else 0) \
+                + (0 if e.get("kernel") == kernel.key() else OTHER_CODE) + (OTHER_GPU if gpu and e.get("gpu") != gpu else 0)
             if d < best_d:
                 best, best_d = cfg, d
                 origin = f"{path.name}: {'exact' if d == 0 else 'nearest'} ({e.get('gpu', '?')}, {eshape})"

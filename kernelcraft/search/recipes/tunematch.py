@@ -10,7 +10,7 @@ import operator
 
 from kernelcraft.search.recipes import tritonfuse
 from kernelcraft.search.recipes.fxrules import _torch
-from kernelcraft.search.recipes.tunable import DTYPE_BYTES, Kernel, Match
+from kernelcraft.search.recipes.tunable import DTYPE_BYTES, Kernel, Match, split_for
 
 
 def _meta(n):
@@ -85,8 +85,35 @@ def _operand_2d(gm, n):
     return None, False
 
 
+def _einsum_roles(eq: str):
+    """(batched, b transposed) of a matrix-product equation: "PK,KN->PN" (P one or more letters, A's
+    leading dims), "PK,NK->PN" (B transposed), "bMK,bKN->bMN" (a batch); else None."""
+    if not isinstance(eq, str) or "->" not in eq or "." in eq:
+        return None
+    ins, out = eq.replace(" ", "").split("->")
+    parts = ins.split(",")
+    if len(parts) != 2 or len(set(out)) != len(out):
+        return None
+    a, b = parts
+    if len(b) == 3 and len(a) == 3 and a[0] == b[0] == out[0] and len(out) == 3:  # bMK,bKN->bMN
+        k, m, n = a[2], a[1], b[2]
+        if b[1] == k and out[1:] == m + n and len({a[0], m, k, n}) == 4:
+            return True, False
+        return None
+    if len(b) != 2 or len(a) < 2:
+        return None
+    lead, k = a[:-1], a[-1]
+    if len(set(a)) != len(a) or k in out:
+        return None
+    if b[0] == k and b[1] not in a and out == lead + b[1]:
+        return False, False
+    if b[1] == k and b[0] not in a and out == lead + b[0]:
+        return False, True
+    return None
+
+
 def _gemm_node(gm, model, n):
-    """(a expr, b expr, b transposed, vector exprs, K, N) for a product node, else None."""
+    """(a expr, b expr, a transposed, b transposed, batched, vector exprs, K, N) for a product node, else None."""
     torch = _torch()
     F = torch.nn.functional
     if n.op == "call_module":
@@ -95,24 +122,76 @@ def _gemm_node(gm, model, n):
             return None
         path = _attr_expr(n.target)
         vecs = [f"{path}.bias"] if mod.bias is not None else []
-        return n.args[0].target, f"{path}.weight.t()", True, vecs, mod.in_features, mod.out_features
+        return n.args[0].target, f"{path}.weight.t()", False, True, False, vecs, mod.in_features, mod.out_features
     if n.op == "call_function" and n.target in (F.linear, torch._C._nn.linear):
         x, w, b = _arg(n, 0, "input"), _arg(n, 1, "weight"), _arg(n, 2, "bias")
         if x.op != "placeholder" or x.target.startswith("*") or w.op != "get_attr" or (b is not None and b.op != "get_attr"):
             return None
         wshape = _meta(w).shape
         vecs = [_attr_expr(b.target)] if b is not None else []
-        return x.target, f"{_attr_expr(w.target)}.t()", True, vecs, int(wshape[1]), int(wshape[0])
+        return x.target, f"{_attr_expr(w.target)}.t()", False, True, False, vecs, int(wshape[1]), int(wshape[0])
+    if n.op == "call_function" and n.target is torch.einsum:
+        operands = n.args[1:] if len(n.args) == 3 else (tuple(n.args[1]) if len(n.args) == 2 else ())
+        roles = _einsum_roles(n.args[0]) if len(operands) == 2 and not n.kwargs else None
+        if roles is None:
+            return None
+        batched, b_t = roles
+        a, b = operands
+        if not (hasattr(a, "op") and hasattr(b, "op")):
+            return None
+        return _product(gm, a, b, batched, b_t)
+    is_bmm = (n.op == "call_function" and n.target is torch.bmm) or (n.op == "call_method" and n.target == "bmm")
     is_mm = ((n.op == "call_function" and n.target in (torch.matmul, torch.mm, operator.matmul))
              or (n.op == "call_method" and n.target in ("matmul", "mm")))
-    if not is_mm:
+    if not (is_mm or is_bmm) or len(n.args) != 2 or n.kwargs:
         return None
-    a, b = n.args[0], n.args[1]
-    (a_expr, a_t), (b_expr, b_t) = _operand_2d(gm, a), _operand_2d(gm, b)
-    if a_expr is None or b_expr is None or a_t or len(_meta(a).shape) != 2 or len(_meta(b).shape) != 2:
+    a, b = n.args
+    ra, rb = len(_meta(a).shape), len(_meta(b).shape)
+    if ra == 3 and rb == 3 and tuple(_meta(a).shape)[0] == tuple(_meta(b).shape)[0]:
+        return _product(gm, a, b, True, False)
+    if is_bmm or rb != 2 or ra < 2:
         return None
-    K, N = (int(d) for d in _meta(b).shape)
-    return a_expr, b_expr, b_t, [], K, N
+    return _product(gm, a, b, False, False)
+
+
+def _product(gm, a, b, batched: bool, b_t_eq: bool):
+    """The operands of A @ B (or A @ B^T when the equation says so); A a placeholder (any rank >= 2, or the
+    transpose of a 2-D one), B a 2-D placeholder or parameter (or its transpose); batched: both 3-D
+    placeholders, one product per leading index."""
+    if batched:
+        if any(x.op != "placeholder" or x.target.startswith("*") for x in (a, b)):
+            return None
+        K, N = int(_meta(b).shape[1]), int(_meta(b).shape[2])
+        return a.target, b.target, False, False, True, [], K, N
+    if len(_meta(b).shape) != 2:
+        return None
+    if len(_meta(a).shape) == 2:
+        a_expr, a_t = _operand_2d(gm, a)
+    elif a.op == "placeholder" and not a.target.startswith("*"):
+        a_expr, a_t = a.target, False
+    else:
+        return None
+    b_expr, b_t = _operand_2d(gm, b)
+    if a_expr is None or b_expr is None or (b_t and b_t_eq):
+        return None
+    if b_t_eq:  # the equation names B's transpose: B is (N, K)
+        b_expr, b_t = f"{b_expr}.t()", True
+        N, K = (int(d) for d in _meta(b).shape)
+    else:
+        K, N = (int(d) for d in _meta(b).shape)
+    return a_expr, b_expr, a_t, b_t, False, [], K, N
+
+
+def _triangle_of(n, src) -> tuple[str, int] | None:
+    """("upper" | "lower", diagonal) when n is torch.triu/tril of src, else None."""
+    torch = _torch()
+    for tri, fn in (("upper", torch.triu), ("lower", torch.tril)):
+        name = fn.__name__
+        if _is_fn(n, (fn,), (name,)) and n.args[0] is src:
+            d = _arg(n, 1, "diagonal", 0)
+            if isinstance(d, int) and not isinstance(d, bool):
+                return tri, d
+    return None
 
 
 def _match_gemm(gm, model, out) -> Match | None:
@@ -121,21 +200,31 @@ def _match_gemm(gm, model, out) -> Match | None:
     if at is None:
         return None
     gnode = nodes[at]
-    if any(n not in gnode.args or len(n.users) != 1 for n in nodes[:at]):  # only B's transpose may precede
+    if any(n not in gnode.args or len(n.users) != 1 for n in nodes[:at]):  # only the operands' transposes
         return None
-    a_expr, b_expr, b_t, vecs, K, N = _gemm_node(gm, model, gnode)
+    a_expr, b_expr, a_t, b_t, batched, vecs, K, N = _gemm_node(gm, model, gnode)
     nodes = nodes[at:]
     shape, dtype = tuple(_meta(gnode).shape), _dt(gnode)
     if dtype is None or shape[-1] != N:
         return None
-    M = 1
-    for d in shape[:-1]:
-        M *= int(d)
+    if batched:
+        nb, M = int(shape[0]), int(shape[1])
+    else:
+        nb, M = 1, 1
+        for d in shape[:-1]:
+            M *= int(d)
     if min(M, N, K) < 16:  # a matrix-vector product is memory-bound work for another kernel
         return None
     lines = ["acc = acc + v0"] if vecs else []
     names = {gnode: "acc"}
+    tri, tri_diag = "", 0
     for n in nodes[1:]:
+        last = names.get(n.args[0]) if n.args else None
+        found = _triangle_of(n, n.args[0]) if n is out and last is not None else None
+        if found is not None and (batched or len(shape) == 2):  # the last op only: f(0) need not be 0
+            tri, tri_diag = found
+            names[n] = last
+            continue
         low = tritonfuse._lowering(gm, n)
         if low is None or _dt(n) != dtype or tuple(_meta(n).shape) != shape:
             return None
@@ -159,9 +248,12 @@ def _match_gemm(gm, model, out) -> Match | None:
     if out not in names:
         return None
     lines.append(f"out = {names[out]}")
-    kernel = Kernel("gemm", dtype, epilogue="\n".join(lines), vectors=len(vecs), b_trans=b_t)
+    epilogue = "\n".join(lines)
+    plain = epilogue == "out = acc" and not vecs and not tri and not batched
+    kernel = Kernel("gemm", dtype, epilogue=epilogue, vectors=len(vecs), b_trans=b_t, a_trans=a_t,
+                    batched=batched, tri=tri, tri_diag=tri_diag, split_k=split_for(M, N, K) if plain else 1)
     binds = {"a": a_expr, "b": b_expr, "vectors": vecs}
-    return Match(kernel, {"M": M, "N": N, "K": K}, binds)
+    return Match(kernel, {"M": M, "N": N, "K": K, **({"batch": nb} if batched else {})}, binds)
 
 
 # ---- row ops over the last dimension ---------------------------------------------------------------

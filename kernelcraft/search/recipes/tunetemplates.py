@@ -22,18 +22,94 @@ def _indent(text: str, n: int) -> str:
 
 # ---- GEMM with a fused epilogue --------------------------------------------------------------------
 
+def _triangle(kernel: tunable.Kernel) -> tuple[str, str]:
+    """(the K loop's bound, the output mask) of the kept triangle: j - i >= d (upper) or <= d (lower);
+    a tile with no kept element runs no K iteration and stores zeros."""
+    if not kernel.tri:
+        return "", ""
+    d = int(kernel.tri_diag)
+    if kernel.tri == "upper":
+        none_kept = f"(pid_n * BLOCK_N + BLOCK_N - 1) - pid_m * BLOCK_M < {d}"
+        keep = f"(offs_cn[None, :] - offs_cm[:, None]) >= {d}"
+    else:
+        none_kept = f"pid_n * BLOCK_N - (pid_m * BLOCK_M + BLOCK_M - 1) > {d}"
+        keep = f"(offs_cn[None, :] - offs_cm[:, None]) <= {d}"
+    return (f"\n    k_hi = K\n    if {none_kept}:\n        k_hi = 0",
+            f"\n    out = tl.where({keep}, out, 0.0)")
+
+
+_LAUNCH_2D = """    M, K = a.shape
+    N = b.shape[1]
+    if b.shape[0] != K or len(vectors) != {v} or any(t.numel() >= 2 ** 31 for t in (a, b, out)):"""
+_LAUNCH_BATCHED = """    nb, M, K = a.shape
+    N = b.shape[2]
+    if b.shape[0] != nb or b.shape[1] != K or tuple(out.shape) != (nb, M, N) or len(vectors) != {v} \\
+            or any(t[0].numel() >= 2 ** 31 for t in (a, b, out)):"""
+_RUN_2D = '''def _kc_run(a, b, vectors, config):
+    """a (..., M, K) @ b (K, N), then the epilogue; `vectors` are length-N tensors."""
+    lead = a.shape[:-1]
+    a = a.reshape(-1, a.shape[-1])
+    out = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)
+    vectors = tuple(v.reshape(-1).contiguous() for v in vectors)
+    grid, args, meta = _kc_launch(a, b, vectors, out, **config)
+    _kc_gemm_kernel[grid](*args, **meta)
+    return out.reshape(*lead, out.shape[-1])'''
+_LAUNCH_SPLIT = """    M, K = a.shape
+    N = b.shape[1]
+    if b.shape[0] != K or tuple(out.shape) != ({s}, M, N) or any(t.numel() >= 2 ** 31 for t in (a, b, out)):"""
+_RUN_SPLIT = '''def _kc_run(a, b, vectors, config):
+    """a (..., M, K) @ b (K, N) as {s} products over consecutive K ranges, summed."""
+    lead = a.shape[:-1]
+    a = a.reshape(-1, a.shape[-1])
+    part = torch.empty(({s}, a.shape[0], b.shape[1]), device=a.device, dtype=torch.float32)
+    grid, args, meta = _kc_launch(a, b, vectors, part, **config)
+    _kc_gemm_kernel[grid](*args, **meta)
+    return part.sum(0).to(a.dtype).reshape(*lead, b.shape[1])'''
+_RUN_BATCHED = '''def _kc_run(a, b, vectors, config):
+    """a (batch, M, K) @ b (batch, K, N), then the epilogue; `vectors` are length-N tensors."""
+    out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), device=a.device, dtype=a.dtype)
+    vectors = tuple(v.reshape(-1).contiguous() for v in vectors)
+    grid, args, meta = _kc_launch(a, b, vectors, out, **config)
+    _kc_gemm_kernel[grid](*args, **meta)
+    return out'''
+
+
 def _gemm(kernel: tunable.Kernel) -> str:
     vs = [f"v{i}_ptr" for i in range(kernel.vectors)]
     vparams = "".join(f"{v}, " for v in vs)
     dot = 'acc = tl.dot(a, b, acc, input_precision="tf32x3")' if kernel.dtype == "float32" else "acc = tl.dot(a, b, acc)"
     loads = "\n".join(f"v{i} = tl.load(v{i}_ptr + offs_cn, mask=offs_cn < N, other=0.0).to(tl.float32)[None, :]"
                       for i in range(kernel.vectors))
+    bound, tri_mask = _triangle(kernel)
+    k_start, k_stop = "0", "k_hi" if kernel.tri else "K"
+    if kernel.split_k > 1:  # a second grid axis over K ranges; each writes its partial sum to its own slice
+        bparams, k_start, k_stop = "stride_cs, K_SPLIT, ", "k_lo", "k_lo + K_SPLIT"
+        bstart = ("\n    k_lo = tl.program_id(1) * K_SPLIT\n    c_ptr += tl.program_id(1).to(tl.int64) * stride_cs")
+        checks, run = _LAUNCH_SPLIT.format(s=kernel.split_k), _RUN_SPLIT.format(s=kernel.split_k)
+        grid = (f"(triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N), {kernel.split_k})\n"
+                f"    k_split = triton.cdiv(triton.cdiv(K, {kernel.split_k}), BLOCK_K) * BLOCK_K  # a whole number of blocks")
+        strides = ("out.stride(0), k_split, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),\n"
+                   "            out.stride(1), out.stride(2)")
+    elif kernel.batched:  # a second grid axis over the products; the pointers start at this product's matrices
+        bparams = "stride_ab, stride_bb, stride_cb, "
+        bstart = ("\n    pid_b = tl.program_id(1).to(tl.int64)\n    a_ptr += pid_b * stride_ab"
+                  "\n    b_ptr += pid_b * stride_bb\n    c_ptr += pid_b * stride_cb")
+        checks, run = _LAUNCH_BATCHED.format(v=kernel.vectors), _RUN_BATCHED
+        grid = "(triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N), nb)"
+        strides = ("a.stride(0), b.stride(0), out.stride(0), M, N, K, a.stride(1), a.stride(2), b.stride(1),\n"
+                   "            b.stride(2), out.stride(1), out.stride(2)")
+    else:
+        bparams, bstart = "", ""
+        checks, run = _LAUNCH_2D.format(v=kernel.vectors), _RUN_2D
+        grid = "(triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)"
+        strides = "M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),\n            out.stride(0), out.stride(1)"
+    even_k = "K % BLOCK_K == 0" if kernel.split_k == 1 else "K % k_split == 0"
     body = f'''
 @triton.jit
-def _kc_gemm_kernel(a_ptr, b_ptr, c_ptr, {vparams}M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+def _kc_gemm_kernel(a_ptr, b_ptr, c_ptr, {vparams}{bparams}M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                     stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0){bstart}
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_pid_in_group = GROUP_M * num_pid_n
@@ -41,16 +117,16 @@ def _kc_gemm_kernel(a_ptr, b_ptr, c_ptr, {vparams}M, N, K, stride_am, stride_ak,
     first_pid_m = group_id * GROUP_M
     group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
     pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m{bound}
     offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     offs_am = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_M), BLOCK_M)
     offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_N), BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + ({k_start} + offs_k)[None, :] * stride_ak
+    b_ptrs = b_ptr + ({k_start} + offs_k)[:, None] * stride_bk + offs_bn[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in range({k_start}, {k_stop}, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
@@ -63,34 +139,23 @@ def _kc_gemm_kernel(a_ptr, b_ptr, c_ptr, {vparams}M, N, K, stride_am, stride_ak,
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 {_indent(loads, 4) if loads else ""}
-{_indent(kernel.epilogue, 4)}
+{_indent(kernel.epilogue, 4)}{tri_mask}
     c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
 
 
 def _kc_launch(a, b, vectors, out, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages):
     """(grid, positional arguments, compile-time options) of one launch; reads shapes and strides only."""
-    M, K = a.shape
-    N = b.shape[1]
-    if b.shape[0] != K or len(vectors) != {kernel.vectors} or any(t.numel() >= 2 ** 31 for t in (a, b, out)):
+{checks}
         raise ValueError("kernelcraft gemm: operands do not fit this kernel")
-    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
-    args = (a, b, out, *vectors, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            out.stride(0), out.stride(1))
-    meta = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, EVEN_K=K % BLOCK_K == 0,
+    grid = {grid}
+    args = (a, b, out, *vectors, {strides})
+    meta = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, EVEN_K={even_k},
                 num_warps=num_warps, num_stages=num_stages)
     return grid, args, meta
 
 
-def _kc_run(a, b, vectors, config):
-    """a (M, K) @ b (K, N), then the epilogue; `vectors` are length-N tensors."""
-    lead = a.shape[:-1]
-    a = a.reshape(-1, a.shape[-1])
-    out = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)
-    vectors = tuple(v.reshape(-1).contiguous() for v in vectors)
-    grid, args, meta = _kc_launch(a, b, vectors, out, **config)
-    _kc_gemm_kernel[grid](*args, **meta)
-    return out.reshape(*lead, out.shape[-1])
+{run}
 '''
     return body
 

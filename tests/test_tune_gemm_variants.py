@@ -1,0 +1,136 @@
+"""The GEMM template's variants on a CPU: which matrix products match (batched, N-D times a matrix, einsum,
+transposed operands, a kept triangle), their generated kernels' correctness in Triton's interpreter, and the
+kernel identity that the tuned-configuration store keys on."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kernelcraft.search.recipes import rewrite, tunable, tunematch, tunetemplates
+
+ROOT = Path(__file__).resolve().parent.parent
+TASKS = ROOT / "tests" / "fixtures" / "tasks"
+sys.path.insert(0, str(ROOT / "tests"))
+from test_tune_recipe import SHIM  # noqa: E402  (the interpreter's NumPy shim, test-only)
+
+# fixture -> (shape, bindings a / b, the kernel's layout fields that are set)
+VARIANTS = {
+    "gemm_bmm": ({"M": 70, "N": 90, "K": 40, "batch": 3}, ("A", "B"), {"batched": True}),
+    "gemm_einsum_batched": ({"M": 65, "N": 33, "K": 40, "batch": 2}, ("A", "B"), {"batched": True}),
+    "gemm_3d_tensor": ({"M": 132, "N": 48, "K": 64}, ("A", "B"), {}),
+    "gemm_einsum_4d": ({"M": 120, "N": 40, "K": 32}, ("A", "B"), {}),
+    "gemm_einsum_bt": ({"M": 70, "N": 50, "K": 96}, ("A", "B.t()"), {"b_trans": True}),
+    "gemm_transposed_both": ({"M": 80, "N": 72, "K": 64}, ("A.t()", "B.t()"), {"a_trans": True, "b_trans": True}),
+    "gemm_triu": ({"M": 130, "N": 150, "K": 96}, ("A", "B"), {"tri": "upper", "tri_diag": 1}),
+    "gemm_tril": ({"M": 130, "N": 130, "K": 72}, ("A", "B"), {"tri": "lower"}),
+    "gemm_split_k": ({"M": 64, "N": 48, "K": 20000}, ("A", "B"), {"split_k": 8}),
+}
+LAYOUT = {"a_trans": False, "b_trans": False, "batched": False, "tri": "", "tri_diag": 0, "split_k": 1}  # defaults
+
+
+def _source(name: str) -> str:
+    return (TASKS / f"{name}.py").read_text()
+
+
+def _match(source: str):
+    mod = rewrite._load_reference(source)
+    model, inputs = rewrite._build(mod)
+    return tunematch.match(rewrite._trace(model, inputs), model)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_the_variant_matches(name):
+    shape, (a, b), layout = VARIANTS[name]
+    (m,) = _match(_source(name))
+    assert m.kernel.kind == "gemm" and m.shape == shape and (m.bindings["a"], m.bindings["b"]) == (a, b)
+    assert {f: getattr(m.kernel, f) for f, default in LAYOUT.items() if getattr(m.kernel, f) != default} == layout
+    assert tunable.check_shape("gemm", m.shape) == shape
+
+
+@pytest.mark.parametrize("source", [
+    _source("gemm_triu_then_add"),  # a constant after the triangle lands on its zeros: not one kernel
+    _source("gemm_bmm").replace("torch.bmm(A, B)", 'torch.einsum("bik,bkj->bji", A, B)'),  # output transposed
+    _source("gemm_einsum_4d").replace('"bijl,lk->bijk"', '"bijl,lk->bjik"'),
+    _source("gemm_3d_tensor").replace("torch.matmul(A, B)", "torch.triu(torch.matmul(A, B))"),  # triu of a 3-D
+    _source("gemm_transposed_both").replace("torch.matmul(A.T, B.T)", "torch.matmul(A.T, B.T) @ B"),
+])
+def test_what_is_not_one_product_does_not_match(source):
+    assert _match(source) == []
+
+
+def test_the_layout_fields_keep_older_keys():
+    """The store keys configurations by `Kernel.key()`: a kernel without the later layout fields keeps the
+    key it had, and each field, once set, names different code."""
+    plain = tunable.Kernel("gemm", "float32")
+    assert plain.key() == "gemm-float32-epi-e34fb7556e"
+    variants = [tunable.Kernel("gemm", "float32", **kw) for kw in
+                ({"a_trans": True}, {"batched": True}, {"tri": "upper"}, {"tri": "upper", "tri_diag": 2},
+                 {"tri": "lower"}, {"split_k": 4})]
+    assert len({plain.key(), *(k.key() for k in variants)}) == 1 + len(variants)
+    for bad in ({"tri": "diagonal"}, {"tri_diag": 1}):
+        with pytest.raises(tunable.TunableError, match="triangle"):
+            tunable.Kernel("gemm", "float32", **bad)
+    for bad in ({"split_k": 4, "vectors": 1}, {"split_k": 4, "batched": True}, {"split_k": 128}):
+        with pytest.raises(tunable.TunableError, match="split_k"):
+            tunable.Kernel("gemm", "float32", **bad)
+    with pytest.raises(tunable.TunableError, match="positive integers"):
+        tunable.check_shape("gemm", {"M": 4, "N": 4, "K": 4, "batch": 0})
+    with pytest.raises(tunable.TunableError, match="optional: batch"):
+        tunable.check_shape("gemm", {"M": 4, "N": 4, "K": 4, "rows": 2})
+
+
+def test_the_store_prefers_the_same_gpu(tmp_path):
+    k = tunable.Kernel("gemm", "float32", batched=True)
+    shape = {"M": 512, "N": 2048, "K": 1024, "batch": 128}
+    on = {gpu: {"BLOCK_M": bm, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+          for gpu, bm in (("NVIDIA H100 80GB HBM3", 64), ("NVIDIA H200", 128))}
+    store = tmp_path / "tuned.json"
+    for gpu, cfg in on.items():
+        tunable.record_tuned(k, shape, cfg, ms=1.0, gpu=gpu, source="t", path=store)
+    for gpu, cfg in on.items():
+        got, origin = tunable.lookup_config(k, shape, gpu=gpu, paths=[store])
+        assert got == cfg and "exact" in origin and gpu in origin
+    near = {**shape, "M": 384}  # the same GPU a little off in size beats another GPU at this size
+    assert tunable.lookup_config(k, near, gpu="NVIDIA H200", paths=[store])[0] == on["NVIDIA H200"]
+    assert tunable.lookup_config(k, shape, gpu="NVIDIA A100-SXM4-80GB", paths=[store])[0] in on.values()
+
+
+def test_the_split_is_sized_to_the_tiles():
+    """Cut K only when the output has few tiles and K is long; about two tiles per SM, ranges >= 2048."""
+    assert tunable.split_for(4096, 4096, 4096) == 1 and tunable.split_for(256, 256, 8192) == 1
+    assert tunable.split_for(256, 256, 1 << 19) == 64  # 4 tiles: 256 programs over 132 SMs
+    assert tunable.split_for(64, 48, 20000) == 8  # one tile; 20000 // 16 < 2048
+
+
+def test_the_variants_are_correct_in_the_interpreter(tmp_path):
+    pytest.importorskip("triton")
+    cases = []
+    for name in sorted(VARIANTS):
+        source = _source(name)
+        (m,) = _match(source)
+        cfgs = tunable.all_configs(m.kernel, m.shape)
+        for cfg in (cfgs[0], cfgs[-1]):  # the smallest blocks (several tiles, masks, skipped tiles) and the largest
+            p = tmp_path / f"{name}_{len(cases)}.py"
+            p.write_text(tunetemplates.candidate_source(source, m, cfg))
+            cases.append((source, str(p)))
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    check = SHIM + textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        import test_recipes as t
+        bad = []
+        for ref, path in json.load(open({str(tmp_path / 'cases.json')!r})):
+            task = type("T", (), {{"source": ref}})
+            if not t._same_as_reference(task, open(path).read()):
+                bad.append(path)
+        assert not bad, bad
+    """)
+    proc = subprocess.run([sys.executable, "-c", check], env=dict(os.environ, TRITON_INTERPRET="1"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
