@@ -244,7 +244,9 @@ def test_an_unknown_gpu_has_no_roofline_and_says_so_once():
     assert set(s["roofline"]) == {"product", "note"}
     html = render(s)
     assert "roof: reference" not in html and html.count("no roofline: cuda Tesla V100") == 1
-    assert cli_bench.roofline_line(s).startswith("no roofline: cuda Tesla V100")
+    assert cli_bench.roofline_line({**s, "device": "cuda Tesla V100-SXM2-16GB"}).startswith(
+        "no roofline: cuda Tesla V100")
+    assert cli_bench.roofline_line({**s, "device": "cpu AMD EPYC 7B13 x2"}) is None  # none expected on a CPU
 
 
 def test_a_bench_counts_each_task_once_and_a_resume_counts_nothing(tmp_path, monkeypatch, cache_dir):

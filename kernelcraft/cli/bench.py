@@ -136,12 +136,12 @@ def _roof_pct(v: float) -> str:
 def roofline_line(s: dict) -> str | None:
     """The roofline in a line (`bench.roofline`): the GPU's peaks, the tasks with a bound and which side bounds
     them, the median fraction of the roof of the reference, the best compile baseline and the candidate; or why
-    there is none."""
+    there is none on a GPU (a CPU has no roofline to expect)."""
     r = s.get("roofline")
     if not r:
         return None
     if not r.get("product"):
-        return r["note"]
+        return r["note"] if str(s.get("device") or "").startswith("cuda") else None
     med = r["median_fraction"]
     parts = [f"{word} {_roof_pct(med[k])}" for k, word in (("reference", "reference"), ("compile", "best compile"),
                                                               ("candidate", "candidate")) if med.get(k) is not None]
