@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 
 from kernelcraft.bench import baselines as bl
+from kernelcraft.bench import roofline as rl
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.sources import Item, Source
 from kernelcraft.bench.timeuse import time_use
@@ -176,8 +177,11 @@ def first_line(msg: str | None, limit: int = 200) -> str:
 
 def summarise(source: Source, items: list[Item], records: dict, base: dict, wanted: list[str], skipped: dict,
                stats: dict, out: Path, devname: str, opts: BenchOptions, protocol: dict, resumed: int,
-               evaluated: int, wall: float) -> dict:
+               evaluated: int, wall: float, work: dict[str, dict] | None = None) -> dict:
+    """The summary record (docs/bench.md#output); `work`: each task's minimal work by SHA-256 (`bench.roofline`),
+    for the rows' `roofline` on a GPU with known peaks."""
     compile_names = [b for b in wanted if b in bl.COMPILE_BASELINES]
+    peak, work, roof_missing = rl.peaks(devname), work or {}, {}
     rows, errors = [], []
     statuses: dict[str, int] = {}
     reasons: dict[str, int] = {}
@@ -209,6 +213,12 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
                      "baselines": {b: {"status": bs[b].get("status"), "speedup": bs[b].get("speedup")} for b in bs},
                      "outcome": outcome(rec), "fallback": fallback_label(rec.get("fallback") if correct else None),
                      "message": first_line(rec.get("message")), "key": it.key})
+        rows[-1]["roofline"] = None
+        if peak is not None:
+            rows[-1]["roofline"] = rl.task_roofline(work.get(sha), peak, **rl.times(
+                rec, bs[best_c[0]] if best_c[0] in bs else None, bs.values(), correct))
+            if rows[-1]["roofline"] is None:
+                roof_missing[it.name] = rl.why_not(work.get(sha), peak)
     with_compile = bool(compile_names)
     scored = not opts.baselines_only
     m = metrics(rows, vs_compile=with_compile) if scored else {
@@ -252,6 +262,7 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
         "task_jobs": opts.task_jobs if not source.has_candidates else None,  # how it ran, not part of the protocol
         "baselines_only": opts.baselines_only, "protocol": protocol, "resumed": resumed,
         "evaluated": evaluated,
+        "roofline": rl.summary(peak, devname, rows, roof_missing),
         "wall_s": round(wall, 2), "time_use": time_use(records.values(), base.values(), out / "runs", levels),
         "notes": source.notes, "errors": errors,
         "verdicts": str(out / "verdicts.jsonl"), "items": rows,

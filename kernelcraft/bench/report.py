@@ -186,11 +186,47 @@ def _baseline_table(summary: dict) -> str:
             + "".join(rows) + "</table>" + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else ""))
 
 
+def _roof_cols(summary: dict) -> tuple[str, ...]:
+    """The roofline's fractions the task table shows: none without peaks for the bench's GPU (`bench.roofline`)."""
+    if not (summary.get("roofline") or {}).get("product"):
+        return ()
+    return ("reference", "compile") if summary.get("baselines_only") else ("reference", "compile", "candidate")
+
+
+def _roof_head(cols) -> str:
+    tip = "the roofline bound over the measured time: 100% is at the roof"
+    return ("<th class='num' title='max(FLOPs / peak, bytes / bandwidth)'>bound, ms</th><th>bound by</th>"
+            + "".join(f"<th class='num' title='{tip}'>roof: {c}</th>" for c in cols)) if cols else ""
+
+
+def _roof_cells(r: dict, cols) -> str:
+    x = r.get("roofline") or {}
+    pct = lambda v: "" if v is None else f"{100 * v:.0f}%" if v >= 0.1 else f"{100 * v:.2g}%"  # noqa: E731
+    return (f"<td class='num'>{'' if not x else format(x['bound_ms'], '.3g')}</td><td>{_e(x.get('bound_by', ''))}</td>"
+            + "".join(f"<td class='num'>{pct(x.get(c))}</td>" for c in cols)) if cols else ""
+
+
+def _roof_note(summary: dict) -> str:
+    """Under the task table: the peaks the roofline used, or why there is none, and the tasks without one."""
+    r = summary.get("roofline")
+    if not r:
+        return ""
+    if not r.get("product"):
+        return f"<p class='muted' id='roofline'>{_e(r.get('note'))}</p>"
+    rates = ", ".join(f"{k} {v:g}" for k, v in r["tflops"].items())
+    without = "".join(f"<li>{_e(k)}: {_e(v)}</li>" for k, v in (r.get("without") or {}).items())
+    return (f"<p class='muted' id='roofline'>Roofline on the {_e(r['product'])}: {r['memory_tb_s']:g} TB/s, TFLOP/s "
+            f"{_e(rates)} ({_e(r['source'])}; dense). {_e(r['note'])}. Minimal work: the reference's FLOPs as "
+            "PyTorch's FlopCounterMode counts them, and its inputs, parameters and outputs moved once.</p>"
+            + (f"<p class='muted'>Without a roofline:</p><ul class='muted'>{without}</ul>" if without else ""))
+
+
 def _items_table(summary: dict) -> str:
     names = [b for b in (summary.get("baselines") or {}).get("names", []) if b != "eager"]
+    roof = _roof_cols(summary)
     if summary.get("baselines_only"):  # no candidate was judged: each task's baselines, not a column of statuses
         head = ("<tr><th>task</th><th class='num'>level</th>" + "".join(f"<th class='num'>{_e(b)} vs eager</th>"
-                                                                          for b in names) + "</tr>")
+                                                                          for b in names) + _roof_head(roof) + "</tr>")
         body = []
         for r in summary.get("items") or []:
             cells = []
@@ -200,11 +236,11 @@ def _items_table(summary: dict) -> str:
                 cells.append(f"<td class='num {'' if ok else STATUS_CLASS.get(x.get('status'), 'muted')}'>"
                              f"{_x(x.get('speedup')) if ok else _e(x.get('status') or '—')}</td>")
             body.append(f"<tr><td>{_e(r['item'])}</td><td class='num'>{_e(r['level'] if r['level'] is not None else '')}"
-                        f"</td>{''.join(cells)}</tr>")
+                        f"</td>{''.join(cells)}{_roof_cells(r, roof)}</tr>")
         return "<table id='items'>" + head + "".join(body) + "</table>"
     head = ("<tr><th>task</th><th class='num'>level</th><th>status</th><th class='num'>speedup</th>"
             "<th class='num'>95% CI</th><th class='num'>vs best compile</th>"
-            + "".join(f"<th class='num'>{_e(b)}</th>" for b in names) + "<th>message</th></tr>")
+            + "".join(f"<th class='num'>{_e(b)}</th>" for b in names) + _roof_head(roof) + "<th>message</th></tr>")
     body = []
     for r in summary.get("items") or []:
         cls = STATUS_CLASS.get(r["status"], "warn")
@@ -221,7 +257,7 @@ def _items_table(summary: dict) -> str:
         body.append(f"<tr><td>{_e(r['item'])}</td><td class='num'>{_e(r['level'] if r['level'] is not None else '')}</td>"
                     f"<td class='{cls}'>{_e(r['status'])}{reasons}</td><td class='num'>{_x(r['speedup'], 3)}</td>"
                     f"<td class='num'>{(_x(ci[0]) + '–' + _x(ci[1])) if ci else ''}</td>"
-                    f"<td class='num'>{_x(r.get('speedup_vs_compile'), 3)}</td>{''.join(cells)}"
+                    f"<td class='num'>{_x(r.get('speedup_vs_compile'), 3)}</td>{''.join(cells)}{_roof_cells(r, roof)}"
                     f"<td class='muted'>{_e(r.get('message') or '')}</td></tr>")
     return "<table id='items'>" + head + "".join(body) + "</table>"
 
@@ -341,7 +377,7 @@ def render(summary: dict) -> str:
           "<h2>Baselines</h2>", _baseline_table(s),
           (f"<p class='muted'>Baseline verdicts: measured in this run {b.get('measured_now', 0)}, from this "
           f"directory {b.get('from_run', 0)}, from the cache {b.get('cache_hits', 0)}.</p>"),
-          "<h2>Tasks</h2>", _items_table(s)]
+          "<h2>Tasks</h2>", _items_table(s), _roof_note(s)]
     if (s.get("time_use") or {}).get("evaluations"):
         h += ["<h2>Where the time went</h2>", _time_table(s["time_use"])]
     if s.get("errors"):

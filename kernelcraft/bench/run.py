@@ -4,8 +4,9 @@ Every candidate and baseline goes through one `serve.pool.Pool` under one protoc
 tasks without a candidate are optimized (`OUT/runs/<task>`, `--task-jobs` at a time) and their verified-faster
 `best.py` judged afresh, or their fallback scored (`bench.fallback`). Each result is appended to
 `OUT/verdicts.jsonl` as it arrives (fsync'd), keyed by (task sha, candidate sha or optimize settings): a rerun
-with the same `--out` resumes from it. `OUT/bench.json` pins the device and the protocol; a rerun with others is
-refused. Ctrl-C keeps finished lines and raises `Interrupted`.
+with the same `--out` resumes from it. On a GPU with known peaks each task's minimal work is counted first
+(`bench.roofline`, cached in `OUT/roofline.jsonl`). `OUT/bench.json` pins the device and the protocol; a rerun
+with others is refused. Ctrl-C keeps finished lines and raises `Interrupted`.
 The library prints nothing: progress goes to `on_event(kind, **data)`.
 Rationale: docs/design/bench.md#run
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from kernelcraft import devices
 from kernelcraft.bench import baselines as bl
-from kernelcraft.bench import fallback
+from kernelcraft.bench import fallback, roofline
 from kernelcraft.bench.metrics import fallback_label, first_line, metrics, outcome, summarise
 from kernelcraft.bench.options import BenchOptions
 from kernelcraft.bench.records import base_record, bench_verdict, measured_texts, record, text_sha256
@@ -187,6 +188,13 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
         emit("start", out=str(out), device=devname, items=len(items), tasks=len(tasks), resumed=resumed,
              total=len(todo_base) + len(todo_items) + len(todo_opt), baselines=wanted, skipped=skipped,
              baseline_stats=dict(stats), optimize=len(todo_opt), task_jobs=opts.task_jobs, notes=list(source.notes))
+        peak = roofline.peaks(devname)  # each task's minimal work, on `meta`, for the roofline (docs/bench.md#roofline)
+        if peak is not None:
+            emit("roofline", tasks=len(tasks), product=peak["product"])
+        work = roofline.cached_work(out, {sha: t.source for sha, t in tasks.items()}) if peak is not None else {}
+
+        def roof(rec: dict, it: Item) -> float | None:  # a correct candidate's fraction of the roof, as it lands
+            return roofline.of_candidate(work.get(it.task.sha256), peak, rec)
 
         policy = None
         if todo_opt:  # one policy for every task (an LLM client or a local model is built once), checked first
@@ -244,17 +252,18 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
                 log.append(record(v, group))
                 evaluated += len(group)
                 emit("result", what="item", name=group[0].name, status=v["status"], speedup=v["speedup"],
-                     message=first_line(v["message"]), outcome=outcome(v), ci95=(v.get("timing") or {}).get("ci95"))
+                     message=first_line(v["message"]), outcome=outcome(v), ci95=(v.get("timing") or {}).get("ci95"),
+                     roofline=roof(v, group[0]))
 
         stop = cancel or threading.Event()  # set on Ctrl-C or a failed task: the optimize runs stop
         lease = DeviceLease(devs)
-        evaluated += _optimize_tasks(todo_opt, groups, log, opts.task_jobs, stop, emit, lambda it: lease.run(
+        evaluated += _optimize_tasks(todo_opt, groups, log, opts.task_jobs, stop, emit, roof, lambda it: lease.run(
             lambda d: _optimize_item(it, out, opts, d, proto, pool, env, emit, policy, stop,
                                      known=measured_texts(base, it.task.sha256))))
         pool.close()
         pool = None
         summary = summarise(source, items, log.records, base, wanted, skipped, stats, out, devname, opts,
-                             protocol, resumed, evaluated, time.monotonic() - t0)
+                             protocol, resumed, evaluated, time.monotonic() - t0, work=work)
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if opts.report:
 
@@ -297,7 +306,7 @@ def _check_meta(out: Path, source: Source, devname: str, protocol: dict, optimiz
 
 
 def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: threading.Event, emit,
-                    optimize_one: Callable[[Item], dict]) -> int:
+                    roof: Callable[[dict, Item], float | None], optimize_one: Callable[[Item], dict]) -> int:
     """Optimize the tasks `keys`, `jobs` at a time (docs/design/bench.md#run; `taskpool.run_tasks`); returns the items
     judged. Every record is logged and reported here, in the calling thread, in completion order."""
     def finished(key: str, rec: dict) -> int:
@@ -305,7 +314,7 @@ def _optimize_tasks(keys: list[str], groups: dict, log: _Log, jobs: int, stop: t
         log.append(record(rec, group))
         emit("result", what="item", name=group[0].name, status=rec["status"], speedup=rec["speedup"],
              message=first_line(rec["message"]), outcome=outcome(rec), ci95=(rec.get("timing") or {}).get("ci95"),
-             fallback=fallback_label(rec.get("fallback")))
+             fallback=fallback_label(rec.get("fallback")), roofline=roof(rec, group[0]))
         return len(group)
 
     return run_tasks(keys, jobs, stop, lambda key: optimize_one(groups[key][0]), finished,

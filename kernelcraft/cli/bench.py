@@ -96,6 +96,7 @@ def _result_line(d: dict) -> str:
     ci = d.get("ci95")
     sp = f" {d['speedup']:.3f}x" if d.get("speedup") else ""
     sp += f" [dim][95% CI {ci[0]:.2f}–{ci[1]:.2f}][/dim]" if sp and ci and None not in ci else ""
+    sp += f" [dim]· {_roof_pct(d['roofline'])} of the roof[/dim]" if sp and d.get("roofline") else ""
     o = d.get("outcome") if d["what"] == "item" else None
     if o == "faster":
         return f"[green]faster[/green]{sp}"
@@ -126,6 +127,29 @@ def outcome_line(s: dict) -> str:
              f"{o.get('incorrect', 0)} incorrect", f"{o.get('failed', 0)} failed"]
     parts += [f"{o[k]} {OUTCOME_WORDS[k]}" for k in ("rejected", "no_candidate") if o.get(k)]
     return f"{s['tasks']} task(s): " + " · ".join(parts)
+
+
+def _roof_pct(v: float) -> str:
+    return f"{100 * v:.0f}%" if v >= 0.1 else f"{100 * v:.2g}%"
+
+
+def roofline_line(s: dict) -> str | None:
+    """The roofline in a line (`bench.roofline`): the GPU's peaks, the tasks with a bound and which side bounds
+    them, the median fraction of the roof of the reference, the best compile baseline and the candidate; or why
+    there is none on a GPU (a CPU has no roofline to expect)."""
+    r = s.get("roofline")
+    if not r:
+        return None
+    if not r.get("product"):
+        return r["note"] if str(s.get("device") or "").startswith("cuda") else None
+    med = r["median_fraction"]
+    parts = [f"{word} {_roof_pct(med[k])}" for k, word in (("reference", "reference"), ("compile", "best compile"),
+                                                              ("candidate", "candidate")) if med.get(k) is not None]
+    by, peak = r["bound_by"], r["tflops"]
+    line = (f"roofline on the {r['product']} ({r['memory_tb_s']:g} TB/s, {peak['fp32']:g} fp32 / {peak['bf16']:g} bf16 "
+            f"TFLOP/s): {r['tasks']} task(s) bounded, {by['memory']} by memory, {by['compute']} by compute"
+            + (f" · median share of the roof: {', '.join(parts)}" if parts else ""))
+    return line + (f" · {len(r['without'])} without one (summary.json: roofline.without)" if r.get("without") else "")
 
 
 def _bench_table(s: dict) -> None:
@@ -276,6 +300,9 @@ def bench_cmd(
         print_json({k: v for k, v in summary.items() if k != "items"})
         return
     _bench_table(summary)
+    roof = roofline_line(summary)
+    if roof:
+        out.print(roof, highlight=False, markup=False)
     out.print(one_line(summary["time_use"]), highlight=False, markup=False)
     for n in summary["notes"]:
         out.print(f"note: {n}", highlight=False, markup=False)
