@@ -205,3 +205,28 @@ def test_tune_end_to_end_with_the_interpreter_standing_in(tmp_path):
     assert all(r.meta["recipe"] == ["tuned"] and r.meta["agent"] == "ppo" for r in rows)
     stored = (tmp_path / "store" / "measurements.jsonl").read_text().splitlines()
     assert len(stored) == 3 and json.loads(stored[0])["shape"] == "tiny/level1/rmsnorm"
+
+
+def test_tune_shortlist_without_judging_records_the_fast_path_best(tmp_path):
+    """`--agent shortlist --keep 0`: the shortlist measured in order (the default first), nothing judged, the
+    best measured configuration recorded and labelled as not judged; with the interpreter as the device."""
+    pytest.importorskip("triton")
+    script = SHIM + textwrap.dedent(f"""
+        import json
+        from kernelcraft.tune.tuner import TuneOptions, tune
+        res = tune("tiny/level1/matmul_square", {str(tmp_path / 'run')!r}, TuneOptions(device="cpu",
+                   agent="shortlist", budget=3, keep=0, rounds=2, store={str(tmp_path / 'store')!r}))
+        print(json.dumps(res.to_json()))
+    """)
+    env = dict(os.environ, TRITON_INTERPRET="1", KERNELCRAFT_TUNED=str(tmp_path / "tuned.json"),
+               KERNELCRAFT_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["measurements"] == 3 and res["run"] is None and res["agent"] == "shortlist"
+    (entry,) = json.loads((tmp_path / "tuned.json").read_text())["entries"]
+    m = tunable.Match.from_json(rewrite.analyze(load_task("tiny/level1/matmul_square").source).tunable[0])
+    measured = [json.loads(line)["config"] for line in (tmp_path / "store" / "measurements.jsonl").read_text().splitlines()]
+    assert measured == tunable.shortlist(m.kernel, m.shape)[:3]
+    assert entry["config"] in measured and "not judged" in entry["source"]
+    assert not (tmp_path / "run" / "run.db").exists()

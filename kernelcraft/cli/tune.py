@@ -21,7 +21,8 @@ def _progress(kind: str, **d) -> None:
         console.print(f"kernel {d['kernel']} at {d['shape']}: {d['configs']} valid configurations, "
                       f"budget {d['budget']} measurements")
     elif kind == "compile":
-        console.print(f"[dim]compiling {d['configs']} configurations (compiled features; no measurement)[/dim]")
+        console.print(f"[dim]compiling {d['configs']} configurations "
+                      f"({'compiled features; ' if d.get('features', True) else ''}no measurement)[/dim]")
     elif kind == "search":
         console.print(f"playing: {d['agent']}" + (" with the cost model" if d["cost_model"] else " (no cost model yet)"))
     elif kind == "measured":
@@ -40,10 +41,11 @@ def _progress(kind: str, **d) -> None:
 def tune_cmd(
     task: str = typer.Argument(..., help="task file or built-in name: a GEMM + elementwise epilogue, or a row "
                                "softmax/norm over the last dimension"),
-    agent: str = typer.Option("ppo", help="ppo | random | model-ranked | exhaustive"),
+    agent: str = typer.Option("ppo", help="ppo | random | model-ranked | exhaustive | shortlist"),
     budget: Optional[int] = typer.Option(None, min=1, help="measurements (default: --budget-share of the space)"),
     budget_share: float = typer.Option(0.25, help="default budget as a share of the valid configurations, in (0, 1]"),
-    keep: int = typer.Option(2, min=1, help="best configurations judged by the full evaluator"),
+    keep: int = typer.Option(2, min=0, help="best configurations judged by the full evaluator (0: none; the fast "
+                                            "path's best is recorded, labelled as not judged)"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="run directory (default runs/tune-<task>)"),
     device: str = typer.Option("cuda", help="CUDA device to tune on (cuda or cuda:N; tune needs a GPU)"),
     store: Optional[Path] = typer.Option(None, help="measurements and cost models (default ~/.cache/kernelcraft/tune)"),
@@ -75,9 +77,13 @@ def tune_cmd(
         print_json(res.to_json())
         return
     run = res.run
-    out.print(f"[bold]{res.task}[/bold]: {res.measurements}/{res.configs} configurations measured by {res.agent}; "
-              f"judged: [bold]{run['status']}[/bold]"
-              + (f", best {run['best_speedup']:.2f}x ({run['best_path']})" if run.get("best_path") else ""))
+    if run is None:
+        out.print(f"[bold]{res.task}[/bold]: {res.measurements}/{res.configs} configurations measured by {res.agent}; "
+                  f"best {res.best_fast_speedup:.3f}x in the fast path, not judged (--keep 0)")
+    else:
+        out.print(f"[bold]{res.task}[/bold]: {res.measurements}/{res.configs} configurations measured by {res.agent}; "
+                  f"judged: [bold]{run['status']}[/bold]"
+                  + (f", best {run['best_speedup']:.2f}x ({run['best_path']})" if run.get("best_path") else ""))
     if res.tuned_store:
         out.print(f"tuned configuration recorded in {res.tuned_store}")
 

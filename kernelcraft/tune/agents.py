@@ -1,5 +1,5 @@
 """Who plays the schedule game, at equal measurement budgets: random search, exhaustive autotuning, a
-cost-model ranking, and the PPO agent (`ppo.PPOAgent`).
+cost-model ranking, a fixed shortlist (`tunable.shortlist`) and the PPO agent (`ppo.PPOAgent`).
 
 Every agent plays the same game with the same budget of distinct measurements (the start configuration
 counts) and returns its best *measured* configuration, never a prediction. A cost model enters as a
@@ -95,5 +95,17 @@ class ModelRanked:
         return result_of(game, self.name)
 
 
-AGENTS = {"exhaustive": Exhaustive, "random": RandomSearch, "model-ranked": ModelRanked}
+class Shortlist:
+    """Measure `tunable.shortlist` in its order: the configurations a hand-written autotuner would list.
+    Needs no compiled features, so the tuner compiles these alone."""
+    name = "shortlist"
+    needs_features = False
+
+    def search(self, game, kernel, shape, budget, rng, predictor=None) -> SearchResult:
+        game.reset(kernel, shape, budget=budget)
+        _measure_in_order(game, tunable.shortlist(kernel, shape))
+        return result_of(game, self.name)
+
+
+AGENTS = {"exhaustive": Exhaustive, "random": RandomSearch, "model-ranked": ModelRanked, "shortlist": Shortlist}
 

@@ -1,10 +1,11 @@
 """`kernelcraft tune TASK`: find the task's tunable kernel, play the schedule game on the GPU, keep every
 measurement, and judge the best configurations into the run database like any candidate.
 
-The task must be one template instance, else `TuneError`. Every configuration is compiled first; the budget
-counts measurements only. Measurements go to the store, whose cost model is retrained after each run. The
-`keep` best configurations are judged by `search.optimize` with the full protocol; the configuration it
-reports as best is recorded in the tuned-configuration store.
+The task must be one template instance, else `TuneError`. Every configuration is compiled first (the
+`shortlist` agent's own only: it reads no features); the budget counts measurements only. Measurements go to
+the store, whose cost model is retrained after each run. The `keep` best configurations are judged by
+`search.optimize` with the full protocol; the configuration it reports as best is recorded in the
+tuned-configuration store. `keep` 0 judges nothing and records the fast path's best, labelled as such.
 
 Rationale: docs/design/tune.md#tuner
 """
@@ -62,7 +63,7 @@ class TuneResult:
     best_config: dict
     best_fast_speedup: float
     cost_model: str | None
-    run: dict
+    run: dict | None  # the judged run; None when --keep 0 judged nothing
     tuned_store: str | None
     wall_s: float
 
@@ -130,15 +131,19 @@ def tune(task, out, options: TuneOptions | None = None, *, on_event: Callable[..
     if opts.protocol.mode == "strict":
         raise TuneError("tuned candidates subclass the reference Model (its parameters), which strict mode forbids")
     if opts.agent not in ("ppo", *AGENTS):
-        raise TuneError(f"unknown agent {opts.agent!r}: ppo, random, model-ranked or exhaustive")
-    if opts.keep < 1 or not 0 < opts.budget_share <= 1:
-        raise TuneError("--keep must be at least 1 and --budget-share in (0, 1]")
+        raise TuneError(f"unknown agent {opts.agent!r}: ppo, {', '.join(AGENTS)}")
+    if opts.keep < 0 or not 0 < opts.budget_share <= 1:
+        raise TuneError("--keep must be 0 or more and --budget-share in (0, 1]")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     store = Path(opts.store) if opts.store else default_store()
     store.mkdir(parents=True, exist_ok=True)
     configs = tunable.all_configs(kernel, shape)
     budget = min(len(configs), opts.budget or math.ceil(opts.budget_share * len(configs)))
+    featureless = not getattr(AGENTS.get(opts.agent), "needs_features", True)
+    if featureless:
+        configs = tunable.shortlist(kernel, shape)
+        budget = min(len(configs), opts.budget or len(configs))
     emit("match", kernel=kernel.key(), shape=shape, configs=len(configs), budget=budget)
 
     backend = TritonBackend(task, match, device=opts.device, rounds=opts.rounds, seed=opts.protocol.seed,
@@ -146,7 +151,7 @@ def tune(task, out, options: TuneOptions | None = None, *, on_event: Callable[..
     if backend.interpreted:  # Triton's CPU interpreter (tests of the plumbing) compiles nothing
         compiled = [{"ok": False, "error": "interpreted"}] * len(configs)
     else:
-        emit("compile", configs=len(configs))
+        emit("compile", configs=len(configs), features=not featureless)
         compiled = features.compile_many(kernel, shape, configs, workers=opts.workers, workdir=out / "work")
         backend.known.update(zip((tunable.config_key(c) for c in configs), compiled))
     model = _load_model(store, kernel.kind) if opts.agent in ("ppo", "model-ranked") else None
@@ -177,6 +182,16 @@ def tune(task, out, options: TuneOptions | None = None, *, on_event: Callable[..
     backend.close()
 
     ranked = sorted((h for h in result.history if h.get("ok")), key=lambda h: -h["speedup"])
+    if opts.keep == 0:  # the fast path's best, unjudged: the recipe that uses it is judged like any candidate
+        best = ranked[0]
+        tuned_path = str(tunable.record_tuned(kernel, shape, best["config"], ms=best["ms"], gpu=gpu,
+                                              source=f"{task.name} (fast path: {best['speedup']:.3f}x, not judged)"))
+        res = TuneResult(task=task.name, kernel=kernel.key(), shape=shape, agent=opts.agent, configs=len(configs),
+                         budget=budget, measurements=result.measurements, best_config=result.best_config,
+                         best_fast_speedup=result.best_score, cost_model=retrained, run=None, tuned_store=tuned_path,
+                         wall_s=round(time.monotonic() - t0, 2))
+        (out / "tune.json").write_text(json.dumps(res.to_json(), indent=1) + "\n")
+        return res
     keep, seen = [], set()
     for h in ranked:
         key = tunable.config_key(h["config"])

@@ -208,6 +208,26 @@ def all_configs(kernel: Kernel, shape: dict) -> list[dict]:
     return out
 
 
+# The configurations worth trying first on a Hopper GPU (Triton's matmul autotuning list, sized for fp32's
+# tf32x3 registers, and the row kernels' register-resident and looped shapes), in the order they are tried.
+SHORTLIST = {
+    "gemm": [(128, 128, 32, 8, 8, 3), (128, 128, 64, 8, 8, 3), (128, 256, 32, 8, 8, 3), (256, 128, 32, 8, 8, 3),
+             (128, 128, 32, 8, 4, 4), (256, 64, 32, 8, 8, 4), (64, 128, 64, 8, 4, 4), (128, 64, 64, 8, 4, 4),
+             (64, 64, 64, 8, 4, 4), (128, 128, 64, 1, 8, 3), (64, 64, 32, 1, 4, 3)],
+    "rownorm": [(bn, w, st) for bn in (16384, 8192, 4096, 2048, 1024) for w in (16, 8, 4) for st in (1, 2)],
+}
+
+
+def shortlist(kernel: Kernel, shape: dict) -> list[dict]:
+    """The valid configurations of `SHORTLIST` for this shape, the default first, no repeats."""
+    out = [default_config(kernel, shape)]
+    for values in SHORTLIST[kernel.kind]:
+        cfg = dict(zip(KNOBS[kernel.kind], values))
+        if why_invalid(kernel, shape, cfg) is None and cfg not in out:
+            out.append(cfg)
+    return out
+
+
 def config_key(config: dict) -> str:
     return ",".join(f"{k}={config[k]}" for k in sorted(config))
 
