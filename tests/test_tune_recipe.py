@@ -128,7 +128,7 @@ def test_the_builtin_store_is_valid():
     for e in data["entries"]:
         kind = e["kind"]
         shape = tunable.check_shape(kind, e["shape"])
-        assert set(e["config"]) == set(tunable.knobs(kind)) and e["gpu"].startswith("NVIDIA H100"), e
+        assert set(e["config"]) == set(tunable.knobs(kind)) and e["gpu"].startswith(("NVIDIA H100", "NVIDIA H200")), e
         assert all(v in tunable.knobs(kind)[n] for n, v in e["config"].items()) and shape
 
 
@@ -147,7 +147,7 @@ def test_tuned_recipe_plumbing(tmp_path, monkeypatch):
     assert not pol.valid(frozenset(["tuned", "cudagraph"]), _ctx(task, GPU))
     m = tunable.Match.from_json(a.tunable[0])
     mine = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 8, "num_stages": 2}
-    tunable.record_tuned(m.kernel, m.shape, mine, ms=0.1, gpu="H100", source=task.name)
+    tunable.record_tuned(m.kernel, m.shape, mine, ms=0.1, gpu=GPU.name, source=task.name)
     src = pol.render(frozenset(["tuned"]), _ctx(task, GPU))
     assert "_KC_CONFIG = {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_K': 64, 'GROUP_M': 1, 'num_warps': 8, 'num_stages': 2}" in src
     assert "exact" in src and "class ModelNew(Model)" in src

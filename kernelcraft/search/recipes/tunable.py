@@ -262,7 +262,7 @@ def nearest_valid(kernel: Kernel, shape: dict, want: dict) -> dict:
 
 # ---- the tuned-configuration store ---------------------------------------------------------------
 
-BUILTIN_STORE = Path(__file__).with_name("tuned_h100.json")
+BUILTIN_STORE = Path(__file__).with_name("tuned_configs.json")
 TUNED_ENV = "KERNELCRAFT_TUNED"
 
 
