@@ -230,3 +230,14 @@ def test_tune_shortlist_without_judging_records_the_fast_path_best(tmp_path):
     assert measured == tunable.shortlist(m.kernel, m.shape)[:3]
     assert entry["config"] in measured and "not judged" in entry["source"]
     assert not (tmp_path / "run" / "run.db").exists()
+
+
+def test_the_tuned_recipe_is_among_the_first_three_proposals():
+    """At a budget of 3 a GPU task that one template covers gets the two baselines and its tuned kernel."""
+    import random
+
+    task = load_task("tiny/level1/matmul_square")
+    pol = RecipesPolicy(analysis=rewrite.analyze(task.source))
+    ctx = Context(task=task, device=GPU, round=1, k=3, history=[], failures=[], sample_exemplars=lambda: [],
+                  rng=random.Random(0))
+    assert [p.meta["recipe"] for p in pol.propose(ctx)] == [["compile:default"], ["cudagraph"], ["tuned"]]
