@@ -101,6 +101,15 @@ def test_the_store_prefers_the_same_gpu(tmp_path):
     assert tunable.lookup_config(k, shape, gpu="NVIDIA A100-SXM4-80GB", paths=[store])[0] in on.values()
 
 
+def test_the_description_names_the_layout():
+    words = {name: tunable.describe(_match(_source(name))[0]) for name in ("gemm_bmm", "gemm_triu", "gemm_split_k",
+                                                                           "gemm_transposed_both")}
+    assert words["gemm_bmm"].endswith("MxNxK 70x90x40, 3 products") and "batched" in words["gemm_bmm"]
+    assert "upper triangle kept (diagonal 1)" in words["gemm_triu"]
+    assert "K in 8 ranges" in words["gemm_split_k"]
+    assert "A transposed, B transposed" in words["gemm_transposed_both"]
+
+
 def test_the_split_is_sized_to_the_tiles():
     """Cut K only when the output has few tiles and K is long; about two tiles per SM, ranges >= 2048."""
     assert tunable.split_for(4096, 4096, 4096) == 1 and tunable.split_for(256, 256, 8192) == 1

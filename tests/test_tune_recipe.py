@@ -240,4 +240,7 @@ def test_the_tuned_recipe_is_among_the_first_three_proposals():
     pol = RecipesPolicy(analysis=rewrite.analyze(task.source))
     ctx = Context(task=task, device=GPU, round=1, k=3, history=[], failures=[], sample_exemplars=lambda: [],
                   rng=random.Random(0))
-    assert [p.meta["recipe"] for p in pol.propose(ctx)] == [["compile:default"], ["cudagraph"], ["tuned"]]
+    proposals = pol.propose(ctx)
+    assert [p.meta["recipe"] for p in proposals] == [["compile:default"], ["cudagraph"], ["tuned"]]
+    note = proposals[2].meta["note"]  # what `optimize` prints beside a tuned best: which template, and why this config
+    assert note.startswith("template: GEMM (float32, tf32x3") and "MxNxK" in note and "configuration BLOCK_K=" in note

@@ -186,6 +186,8 @@ def optimize_cmd(
         lo, hi = res.best_ci95
         out.print(f"best: [bold]{res.best_speedup:.2f}x[/bold] (95% CI {lo:.2f}–{hi:.2f}"
                   f"{', confirmed in a fresh worker' if res.confirmed else ''}) — {', '.join(res.best_techniques)}")
+        if res.best_note:
+            out.print(f"  {escape(res.best_note)}", highlight=False)
         out.print(f"wrote {res.best_path}")
     elif res.fallback:
         out.print(f"no candidate was verified faster than the reference: {escape(fallback.describe(res.fallback))}",

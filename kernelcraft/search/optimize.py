@@ -90,6 +90,7 @@ class Result:
     best_ci95: list | None = None
     best_candidate: int | None = None
     best_techniques: list = field(default_factory=list)
+    best_note: str | None = None  # the policy's word on what the best is (the `tuned` recipe: template and configuration)
     confirmed: bool = False
     correct: int = 0
     verified_faster: int = 0
@@ -391,7 +392,7 @@ class _Run:
             task=self.task.name, status=status, best_path=str(best_path) if best else None,
             best_speedup=best_sp, candidates=len(rows), run_dir=str(self.out), best_ci95=best_ci,
             best_candidate=best.id if best else None, best_techniques=techniques(best.source, best.meta) if best else [],
-            confirmed=is_conf, correct=sum(r.correct for r in rows),
+            best_note=(best.meta or {}).get("note") if best else None, confirmed=is_conf, correct=sum(r.correct for r in rows),
             verified_faster=sum(bool(r.correct and self._faster(r.ci_low)) for r in rows),
             failed=sum(r.state == "done" and not r.correct and r.status != "parse_error" for r in rows),
             parse_errors=sum(r.status == "parse_error" for r in rows), rounds=rounds, stopped=stopped,

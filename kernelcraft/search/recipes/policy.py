@@ -114,11 +114,20 @@ class RecipesPolicy:
                 return False
         return True
 
+    def _tuned(self, ctx: Context):
+        match = tunable.Match.from_json(self.analysis(ctx).tunable[0])
+        return (match, *tunable.lookup_config(match.kernel, match.shape, gpu=ctx.device.name))
+
+    def tuned_note(self, ctx: Context) -> str:
+        """Which template the `tuned` recipe runs, at what size, and where its configuration came from."""
+        match, config, origin = self._tuned(ctx)
+        return (f"template: {tunable.describe(match)}; configuration {tunable.config_key(config)} "
+                f"({origin if origin != 'default' else 'the template default: nothing tuned near this shape'})")
+
     def render(self, recipe, ctx: Context) -> str:
         a = self.analysis(ctx)
         if "tuned" in recipe:
-            match = tunable.Match.from_json(a.tunable[0])
-            config, origin = tunable.lookup_config(match.kernel, match.shape, gpu=ctx.device.name)
+            match, config, origin = self._tuned(ctx)
             return tunetemplates.candidate_source(ctx.task.source, match, config, note=origin)
         return render.render(ctx.task.source, sorted(recipe), a, output_dtypes=a.features.get("output_dtypes"))
 
@@ -179,8 +188,10 @@ class RecipesPolicy:
                 return False
             taken.add(recipe)
             toks = sorted(recipe)
-            chosen.append(Proposal(source, parents=list(parents),
-                                   meta={"recipe": toks, "operator": op, "techniques": techniques(None, {"recipe": toks})}))
+            meta = {"recipe": toks, "operator": op, "techniques": techniques(None, {"recipe": toks})}
+            if "tuned" in recipe:
+                meta["note"] = self.tuned_note(ctx)
+            chosen.append(Proposal(source, parents=list(parents), meta=meta))
             return True
 
         scored = [row for row in seen.values() if row.correct]

@@ -126,6 +126,24 @@ class Match:
         return cls(Kernel.from_json(d["kernel"]), dict(d["shape"]), dict(d.get("bindings", {})))
 
 
+
+
+def describe(match: Match) -> str:
+    """One line for people: the template, its dtype and layout, and the size."""
+    k, s = match.kernel, match.shape
+    if k.kind == "rownorm":
+        return f"row {k.op} ({k.dtype}), {s['rows']} rows of {s['cols']}"
+    words = [w for on, w in ((k.a_trans, "A transposed"), (k.b_trans, "B transposed"), (k.batched, "batched"),
+                             (k.split_k > 1, f"K in {k.split_k} ranges")) if on]
+    if k.tri:
+        words.append(f"{k.tri} triangle kept" + (f" (diagonal {k.tri_diag})" if k.tri_diag else ""))
+    if k.epilogue != "out = acc":
+        words.append(f"fused epilogue of {k.epilogue.count(chr(10)) + 1} lines")
+    dot = "tf32x3 tensor-core dot" if k.dtype == "float32" else "tensor-core dot"
+    size = f"{s['M']}x{s['N']}x{s['K']}" + (f", {s['batch']} products" if "batch" in s else "")
+    return f"GEMM ({k.dtype}, {dot}{', ' + ', '.join(words) if words else ''}), MxNxK {size}"
+
+
 def check_shape(kind: str, shape: dict) -> dict:
     keys, optional = SHAPE_KEYS[kind], OPTIONAL_SHAPE_KEYS[kind]
     if not set(keys) <= set(shape) <= set(keys) | set(optional) \
