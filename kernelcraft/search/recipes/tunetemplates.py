@@ -46,14 +46,16 @@ _LAUNCH_BATCHED = """    nb, M, K = a.shape
     if b.shape[0] != nb or b.shape[1] != K or tuple(out.shape) != (nb, M, N) or len(vectors) != {v} \\
             or any(t[0].numel() >= 2 ** 31 for t in (a, b, out)):"""
 _PAD = """
-    if a.shape[-1] % 16 or b.shape[1] % 16:  # copies with 16-element rows and K in whole 64-blocks
-        k, n = a.shape[-1], b.shape[1]
-        a = torch.nn.functional.pad(a, (0, -k % 64))
-        b = torch.nn.functional.pad(b, (0, -n % 16, 0, -k % 64))[:, :n]"""
+    if a.shape[-1] % 16:  # copies with K in whole 64-blocks: aligned rows, no masked loads
+        a = torch.nn.functional.pad(a, (0, -a.shape[-1] % 64))
+        b = torch.nn.functional.pad(b, (0, 0, 0, -b.shape[-2] % 64))"""
+_K_MAJOR = """
+    if b.stride(-2) != 1:  # B K-major, as Hopper's tf32 tensor-core MMA reads it (a copy, timed with the rest)
+        b = b.transpose(-1, -2).contiguous().transpose(-1, -2)"""
 _RUN_2D = '''def _kc_run(a, b, vectors, config):
     """a (..., M, K) @ b (K, N), then the epilogue; `vectors` are length-N tensors."""
     lead = a.shape[:-1]
-    a = a.reshape(-1, a.shape[-1]){pad}
+    a = a.reshape(-1, a.shape[-1]){pad}{kmajor}
     out = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)
     vectors = tuple(v.reshape(-1).contiguous() for v in vectors)
     grid, args, meta = _kc_launch(a, b, vectors, out, **config)
@@ -65,13 +67,13 @@ _LAUNCH_SPLIT = """    M, K = a.shape
 _RUN_SPLIT = '''def _kc_run(a, b, vectors, config):
     """a (..., M, K) @ b (K, N) as {s} products over consecutive K ranges, summed."""
     lead = a.shape[:-1]
-    a = a.reshape(-1, a.shape[-1])
+    a = a.reshape(-1, a.shape[-1]){kmajor}
     part = torch.empty(({s}, a.shape[0], b.shape[1]), device=a.device, dtype=torch.float32)
     grid, args, meta = _kc_launch(a, b, vectors, part, **config)
     _kc_gemm_kernel[grid](*args, **meta)
     return part.sum(0).to(a.dtype).reshape(*lead, b.shape[1])'''
 _RUN_BATCHED = '''def _kc_run(a, b, vectors, config):
-    """a (batch, M, K) @ b (batch, K, N), then the epilogue; `vectors` are length-N tensors."""
+    """a (batch, M, K) @ b (batch, K, N), then the epilogue; `vectors` are length-N tensors."""{kmajor}
     out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), device=a.device, dtype=a.dtype)
     vectors = tuple(v.reshape(-1).contiguous() for v in vectors)
     grid, args, meta = _kc_launch(a, b, vectors, out, **config)
@@ -79,12 +81,17 @@ _RUN_BATCHED = '''def _kc_run(a, b, vectors, config):
     return out'''
 
 
-def _pads(kernel: tunable.Kernel) -> bool:
-    """Whether the launcher copies unaligned operands into padded ones first: a plain (neither transposed nor
-    batched nor split) fp32 product whose K or N is not a multiple of 16: its rows are not 64-byte aligned,
-    so no load is vectorised and every K step is masked (an 8205 x 2949 by 2949 x 5921 product ran at half
-    cuBLAS's speed). The zeros added to K add nothing to the sum; B's padded columns are never read."""
-    return kernel.dtype == "float32" and not (kernel.a_trans or kernel.b_trans or kernel.batched or kernel.split_k > 1)
+def _prepare(kernel: tunable.Kernel, run: str) -> str:
+    """The launcher's operand copies, fp32 only (docs/design/recipes.md#tunable): B made K-major unless it is
+    (Hopper's tf32 MMA takes K-major operands; a row-major B is transposed tile by tile inside the loop: a
+    4096^3 product ran 1.17x cuBLAS with B row-major, 1.65x with B transposed); for a plain unbatched,
+    unsplit product with A not transposed and K not a multiple of 16, A and B padded with zeros to whole
+    64-blocks of K (rows not 64-byte aligned leave every load unvectorised and masked: an 8205 x 2949 by
+    2949 x 5921 product ran at half cuBLAS's speed; the zeros add nothing to the sum)."""
+    fp32 = kernel.dtype == "float32"
+    pads = fp32 and not (kernel.a_trans or kernel.b_trans or kernel.batched or kernel.split_k > 1)
+    kmajor = fp32 and not kernel.b_trans
+    return run.replace("{pad}", _PAD if pads else "").replace("{kmajor}", _K_MAJOR if kmajor else "")
 
 
 def _gemm(kernel: tunable.Kernel) -> str:
@@ -98,7 +105,7 @@ def _gemm(kernel: tunable.Kernel) -> str:
     if kernel.split_k > 1:  # a second grid axis over K ranges; each writes its partial sum to its own slice
         bparams, k_start, k_stop = "stride_cs, K_SPLIT, ", "k_lo", "k_lo + K_SPLIT"
         bstart = ("\n    k_lo = tl.program_id(1) * K_SPLIT\n    c_ptr += tl.program_id(1).to(tl.int64) * stride_cs")
-        checks, run = _LAUNCH_SPLIT.format(s=kernel.split_k), _RUN_SPLIT.format(s=kernel.split_k)
+        checks, run = _LAUNCH_SPLIT.format(s=kernel.split_k), _prepare(kernel, _RUN_SPLIT.replace("{s}", str(kernel.split_k)))
         grid = (f"(triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N), {kernel.split_k})\n"
                 f"    k_split = triton.cdiv(triton.cdiv(K, {kernel.split_k}), BLOCK_K) * BLOCK_K  # a whole number of blocks")
         strides = ("out.stride(0), k_split, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),\n"
@@ -107,13 +114,13 @@ def _gemm(kernel: tunable.Kernel) -> str:
         bparams = "stride_ab, stride_bb, stride_cb, "
         bstart = ("\n    pid_b = tl.program_id(1).to(tl.int64)\n    a_ptr += pid_b * stride_ab"
                   "\n    b_ptr += pid_b * stride_bb\n    c_ptr += pid_b * stride_cb")
-        checks, run = _LAUNCH_BATCHED.format(v=kernel.vectors), _RUN_BATCHED
+        checks, run = _LAUNCH_BATCHED.format(v=kernel.vectors), _prepare(kernel, _RUN_BATCHED)
         grid = "(triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N), nb)"
         strides = ("a.stride(0), b.stride(0), out.stride(0), M, N, K, a.stride(1), a.stride(2), b.stride(1),\n"
                    "            b.stride(2), out.stride(1), out.stride(2)")
     else:
         bparams, bstart = "", ""
-        checks, run = _LAUNCH_2D.format(v=kernel.vectors), _RUN_2D.replace("{pad}", _PAD if _pads(kernel) else "")
+        checks, run = _LAUNCH_2D.format(v=kernel.vectors), _prepare(kernel, _RUN_2D)
         grid = "(triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)"
         strides = "M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),\n            out.stride(0), out.stride(1)"
     even_k = "K % BLOCK_K == 0" if kernel.split_k == 1 else "K % k_split == 0"
