@@ -1,7 +1,8 @@
 """Which tunable template a reference's forward is: FX graph -> `tunable.Match` (or nothing).
 
 A match must cover the whole forward; anything unrecognised means no match, never a guess. Bindings are
-source expressions over forward's parameters and `self.<attribute path>`.
+source expressions over forward's parameters and `self.<attribute path>`. `epilogue_step`, one elementwise op
+as a line of the GEMM epilogue, is shared with `gemmsplice` (GEMM regions inside a larger forward).
 Rationale: docs/design/recipes.md#tunematch
 """
 from __future__ import annotations
