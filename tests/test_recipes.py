@@ -212,7 +212,7 @@ def test_exhaustion_and_precision_and_skip(analyses):
     assert "bf16" not in pol.tokens(_ctx(task, GPU, []))
     assert "bf16" in pol.tokens(_ctx(task, GPU, [], allow=True))
     skip = RecipesPolicy(analysis=a, skip="compile,cudagraph")
-    assert skip.tokens(_ctx(task, GPU, [])) == ["rewrite:diag_matmul"]
+    assert skip.tokens(_ctx(task, GPU, [])) == ["rewrite:diag_matmul", "tuned_gemm"]  # diag(a) @ B: a GEMM region
     # CPU, no compile: the only recipe is the rewrite; once tried, nothing is left
     only = RecipesPolicy(analysis=a, skip=["compile"])
     first = only.propose(_ctx(task, CPU, []))

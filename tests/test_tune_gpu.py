@@ -109,3 +109,23 @@ def test_the_gemm_variants_are_correct_on_gpu(name, cache_dir):
     for cfg in (tunable.default_config(match.kernel, match.shape), tunable.all_configs(match.kernel, match.shape)[0]):
         v = evaluate(task, tunetemplates.candidate_source(task.source, match, cfg), device="cuda", time_budget_s=0.3)
         assert v.status == "correct", (name, cfg, v.reasons, v.message)
+
+
+@pytest.mark.parametrize("name", ["splice_linear_groupnorm", "splice_two_linears"])
+def test_the_tuned_gemm_recipe_is_correct_on_gpu(name, cache_dir):
+    """GEMM regions spliced into a larger forward (tests/test_gemm_splice.py), alone and replayed as a CUDA
+    graph, judged like any candidate."""
+    from pathlib import Path
+
+    from kernelcraft.search.policies import Context
+    from kernelcraft.search.prompt import DeviceInfo
+    from kernelcraft.search.recipes.policy import RecipesPolicy
+
+    task = load_task(Path(__file__).parent / "fixtures" / "tasks" / f"{name}.py")
+    pol = RecipesPolicy(analysis=rewrite.analyze(task.source))
+    ctx = Context(task=task, device=DeviceInfo("cuda", "H100", 132, 79.0, "9.0"), round=1, k=1, history=[],
+                  failures=[], sample_exemplars=lambda: [], rng=None)
+    assert "tuned_gemm" in pol.tokens(ctx)
+    for recipe in (["tuned_gemm"], ["tuned_gemm", "cudagraph"]):
+        v = evaluate(task, pol.render(frozenset(recipe), ctx), device="cuda", time_budget_s=0.3)
+        assert v.status == "correct", (name, recipe, v.reasons, v.message)

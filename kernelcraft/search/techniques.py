@@ -25,6 +25,7 @@ TOKEN_TECHNIQUES = {
     "rewrite:conv_reduce": "algebraic rewrite (a convolution's global sum/mean without the convolution)",
     "triton": "fusion (Triton elementwise kernel)",
     "tuned": "tuned Triton kernel (GEMM + epilogue or row norm template)",
+    "tuned_gemm": "tuned Triton GEMM kernels (each GEMM + its elementwise tail; the rest PyTorch)",
     "compile:default": "torch.compile (default)",
     "compile:max-autotune-no-cudagraphs": "torch.compile (max-autotune-no-cudagraphs)",
     "compile:max-autotune": "torch.compile (max-autotune)",

@@ -1,7 +1,7 @@
 """The `recipes` policy: offline search over compositions of known transformations of the reference.
 
 A recipe is a set of tokens (`rewrite:RULE`, `triton`, `compile:MODE`, `cudagraph`, `channels_last`,
-`cudnn_benchmark`, `tuned`, `bf16` only with `--allow-precision-change`); only tokens that apply to this
+`cudnn_benchmark`, `tuned`, `tuned_gemm`, `bf16` only with `--allow-precision-change`); only tokens that apply to this
 reference and device are offered, and `valid` excludes conflicting ones. Proposals are scored by an additive
 model driven by the contrastive exemplars; a token that failed alone is not used again. Strict mode is refused.
 `thread_safe`: the only state kept is each reference's analysis, under a lock.
@@ -17,7 +17,9 @@ from kernelcraft.search.policies import Context, PolicyError, Proposal
 from kernelcraft.search.techniques import techniques
 
 COMPILE = [f"compile:{m}" for m in render.COMPILE_MODES]
-GPU_ONLY = {"cudagraph", "compile:reduce-overhead", "compile:max-autotune", "cudnn_benchmark", "triton", "tuned"}
+GPU_ONLY = {"cudagraph", "compile:reduce-overhead", "compile:max-autotune", "cudnn_benchmark", "triton", "tuned",
+            "tuned_gemm"}
+NOT_WITH_GEMM = {"triton", "tuned", "bf16"}  # nor compile:*: each rewrites the GEMM regions' code its own way
 PRECISION = {"bf16"}
 CONV_ONLY = {"channels_last", "cudnn_benchmark"}
 BASELINES = {"cuda": ["compile:default", "cudagraph"], "cpu": ["compile:default"]}
@@ -33,7 +35,7 @@ PRIORS = {
              "rewrite:fold_scalars": 0.2, "rewrite:inplace": 0.05, "triton": 0.25, "compile:default": 0.3,
              "compile:max-autotune-no-cudagraphs": 0.3, "compile:max-autotune": 0.35,
              "compile:reduce-overhead": 0.4, "cudagraph": 0.3, "channels_last": 0.1, "cudnn_benchmark": 0.1,
-             "bf16": 0.6, "tuned": 0.65},
+             "bf16": 0.6, "tuned": 0.65, "tuned_gemm": 0.45},
     "cpu": {**SIMPLIFY_PRIORS, "rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0, "rewrite:pool_linear": 1.5,
             "rewrite:conv_reduce": 2.0, "rewrite:dead_code": 0.3,
             "rewrite:fold_scalars": 0.15, "rewrite:inplace": 0.05, "channels_last": 0.1, "compile:default": 0.08,
@@ -78,6 +80,8 @@ class RecipesPolicy:
         kind = ctx.device.kind
         toks = [f"rewrite:{r}" for r in a.rules] + COMPILE + ["cudagraph", "channels_last", "cudnn_benchmark",
                                                               "triton", "bf16"] + (["tuned"] if a.tunable else [])
+        if not a.tunable and any(v.get("gemm") for v in a.variants.values()):  # a whole template is `tuned`'s
+            toks.append("tuned_gemm")
         out = []
         for t in toks:
             if kind != "cuda" and t in GPU_ONLY:
@@ -103,14 +107,16 @@ class RecipesPolicy:
         if "tuned" in recipe:  # the whole forward is one tuned Triton kernel: nothing composes with it
             return len(recipe) == 1 and bool(a.tunable)
         modes = [t for t in recipe if t.startswith("compile:")]
+        if "tuned_gemm" in recipe and (modes or recipe & NOT_WITH_GEMM):
+            return False  # the regions' kernels are fixed: with cudagraph and rewrites only
         if len(modes) > 1 or (modes and "triton" in recipe):
             return False  # the compiler fuses elementwise ops itself
         if modes and "cudagraph" in recipe and modes[0] not in GRAPH_SAFE_MODES:
             return False  # this mode captures CUDA graphs itself
         rules = [t.split(":", 1)[1] for t in recipe if t.startswith("rewrite:")]
-        if rules or "triton" in recipe:
+        if rules or "triton" in recipe or "tuned_gemm" in recipe:
             v = a.variant(rules)
-            if v is None or ("triton" in recipe and not v.get("triton")):
+            if v is None or ("triton" in recipe and not v.get("triton")) or ("tuned_gemm" in recipe and not v.get("gemm")):
                 return False
         return True
 
@@ -129,7 +135,8 @@ class RecipesPolicy:
         if "tuned" in recipe:
             match, config, origin = self._tuned(ctx)
             return tunetemplates.candidate_source(ctx.task.source, match, config, note=origin)
-        return render.render(ctx.task.source, sorted(recipe), a, output_dtypes=a.features.get("output_dtypes"))
+        return render.render(ctx.task.source, sorted(recipe), a, output_dtypes=a.features.get("output_dtypes"),
+                             gpu=ctx.device.name)
 
     def exhausted(self, ctx: Context) -> str:
         """Why `propose` returned nothing: which recipes apply here, and what would add more."""

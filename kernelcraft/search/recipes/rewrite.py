@@ -16,8 +16,8 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from kernelcraft.search.recipes import (activations, convreduce, fxrules, poollinear, reductions, simplify, tritonfuse,
-                                        tunematch)
+from kernelcraft.search.recipes import (activations, convreduce, fxrules, gemmsplice, poollinear, reductions, simplify,
+                                        tritonfuse, tunematch)
 from kernelcraft.search.recipes.fxrules import _dtype, _torch
 
 # simplifications first: they expose work for the others (sum(x @ W.T / 2) -> sum(x @ W.T) / 2 -> a GEMV)
@@ -37,7 +37,7 @@ class Analysis:
     error: str | None = None
     rules: list[str] = field(default_factory=list)
     features: dict = field(default_factory=dict)
-    variants: dict[str, dict] = field(default_factory=dict)  # "a+b" -> {"code", "prelude", "triton"}
+    variants: dict[str, dict] = field(default_factory=dict)  # "a+b" -> {"code", "prelude", "triton", "gemm"}
     tunable: list[dict] = field(default_factory=list)  # tunematch.Match records: the `tuned` recipe's kernels
 
     def variant(self, rules) -> dict | None:
@@ -283,6 +283,7 @@ def run_analysis(source: str) -> dict:
             continue  # a rule that changes nothing without another (reduce_linear before a sink): no new candidate
         seen.add(code)
         result["variants"][variant_key(subset)] = variant
+        variant["gemm"] = _gemm_variant(gm_v, model) if inputs is not None else None
         try:  # a region Triton cannot fuse costs the triton recipe only, never the plain rewrite
             fused = tritonfuse.fuse(gm_v) if inputs is not None else None
             if fused is not None:
@@ -292,6 +293,19 @@ def run_analysis(source: str) -> dict:
         except Exception:
             pass
     return result
+
+
+def _gemm_variant(gm_v, model) -> dict | None:
+    """The `tuned_gemm` form of a variant: its GEMM regions spliced into a copy (gemmsplice), else None."""
+    try:  # a region that cannot be spliced costs the tuned_gemm recipe only
+        gm_s = _copy(gm_v)
+        spliced = gemmsplice.splice(gm_s)
+        if spliced is None:
+            return None
+        prelude, code = render_graph(gm_s, model)
+    except Exception:
+        return None
+    return {"prelude": prelude, "code": code, "kernels": spliced.source, "regions": spliced.regions}
 
 
 def main() -> None:

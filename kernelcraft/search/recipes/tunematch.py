@@ -1,11 +1,13 @@
 """Which tunable template a reference's forward is: FX graph -> `tunable.Match` (or nothing).
 
 A match must cover the whole forward; anything unrecognised means no match, never a guess. Bindings are
-source expressions over forward's parameters and `self.<attribute path>`.
+source expressions over forward's parameters and `self.<attribute path>`. `epilogue_step`, one elementwise op
+as a line of the GEMM epilogue, is shared with `gemmsplice` (GEMM regions inside a larger forward).
 Rationale: docs/design/recipes.md#tunematch
 """
 from __future__ import annotations
 
+import math
 import operator
 
 from kernelcraft.search.recipes import tritonfuse
@@ -194,6 +196,41 @@ def _triangle_of(n, src) -> tuple[str, int] | None:
     return None
 
 
+def _is_param(n) -> bool:
+    return n.op == "get_attr"
+
+
+def epilogue_step(gm, n, names: dict, nvec: int, shape: tuple, dtype: str, N: int, vector_ok):
+    """(expression, new vector operand nodes) of elementwise node `n` as one line of a GEMM epilogue, or None.
+
+    `names` maps the values already in the epilogue (the product first) to their variable names; `n` must read
+    at least one of them, have the product's shape and dtype, and take its other operands from finite
+    scalars or vectors of shape (N,) or (1, N) of that dtype that `vector_ok(node)` accepts. New vectors are
+    named v{nvec}, v{nvec + 1}, ... in the order returned. Nothing is changed when `n` cannot join."""
+    low = tritonfuse._lowering(gm, n)
+    if low is None or _meta(n) is None or _dt(n) != dtype or tuple(_meta(n).shape) != shape:
+        return None
+    operands, fn = low
+    exprs, new = [], []
+    for o in operands:
+        if hasattr(o, "op"):
+            if o in names:
+                exprs.append(names[o])
+            elif vector_ok(o) and _meta(o) is not None and _dt(o) == dtype \
+                    and tuple(_meta(o).shape) in ((N,), (1, N)):
+                exprs.append(f"v{nvec + len(new)}")
+                new.append(o)
+            else:
+                return None
+        elif isinstance(o, (int, float)) and not isinstance(o, bool) and math.isfinite(o):
+            exprs.append(repr(float(o)))
+        else:
+            return None
+    if not any(hasattr(o, "op") and o in names for o in operands):
+        return None
+    return fn(exprs), new
+
+
 def _match_gemm(gm, model, out) -> Match | None:
     nodes = _compute_nodes(gm)
     at = next((i for i, n in enumerate(nodes) if _gemm_node(gm, model, n) is not None), None)
@@ -225,26 +262,13 @@ def _match_gemm(gm, model, out) -> Match | None:
             tri, tri_diag = found
             names[n] = last
             continue
-        low = tritonfuse._lowering(gm, n)
-        if low is None or _dt(n) != dtype or tuple(_meta(n).shape) != shape:
+        step = epilogue_step(gm, n, names, len(vecs), shape, dtype, N, _is_param)
+        if step is None:
             return None
-        operands, fn = low
-        exprs = []
-        for o in operands:
-            if hasattr(o, "op"):
-                if o in names:
-                    exprs.append(names[o])
-                elif o.op == "get_attr" and _dt(o) == dtype and tuple(_meta(o).shape) in ((N,), (1, N)):
-                    exprs.append(f"v{len(vecs)}")
-                    vecs.append(_attr_expr(o.target))
-                else:
-                    return None
-            elif isinstance(o, (int, float)) and not isinstance(o, bool):
-                exprs.append(repr(float(o)))
-            else:
-                return None
+        expr, new_vecs = step
+        vecs += [_attr_expr(o.target) for o in new_vecs]
         names[n] = f"e{len(lines)}"
-        lines.append(f"{names[n]} = {fn(exprs)}")
+        lines.append(f"{names[n]} = {expr}")
     if out not in names:
         return None
     lines.append(f"out = {names[out]}")
