@@ -33,6 +33,10 @@ QUICK = {
     "test_benchmark_scripts.py": [],  # each runs a script end to end (10-20 s): the full suite's
     "test_build_cache.py": [],  # every test shares one cold C++ build (~40 s): the full suite's
     "test_gemm_splice.py": ["test_the_regions_found", "test_what_is_no_region_or_ends_one"],
+    "test_roofline.py": ["test_device_names_map_to_products_and_unknown_ones_to_none", "test_bound_and_fraction_arithmetic",
+                         "test_an_unknown_gpu_has_no_roofline_and_says_so_once"],
+    "test_tune_gemm_variants.py": ["test_the_variant_matches", "test_what_is_not_one_product_does_not_match",
+                                   "test_the_layout_fields_keep_older_keys", "test_the_description_names_the_layout"],
     "test_docs.py": ["test_the_readme_fits_on_a_few_screens", "test_every_link_in_the_docs_resolves",
                      "test_the_project_speaks_of_the_product_inside_the_repository"],
     "test_build_fast.py": ["test_rewrite_ignores_comments_and_honours_the_switch",
