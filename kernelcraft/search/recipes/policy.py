@@ -35,7 +35,7 @@ PRIORS = {
              "rewrite:fold_scalars": 0.2, "rewrite:inplace": 0.05, "triton": 0.25, "compile:default": 0.3,
              "compile:max-autotune-no-cudagraphs": 0.3, "compile:max-autotune": 0.35,
              "compile:reduce-overhead": 0.4, "cudagraph": 0.3, "channels_last": 0.1, "cudnn_benchmark": 0.1,
-             "bf16": 0.6, "tuned": 0.65, "tuned_gemm": 0.45},
+             "bf16": 0.6, "tuned": 0.65, "tuned_gemm": 0.62},
     "cpu": {**SIMPLIFY_PRIORS, "rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0, "rewrite:pool_linear": 1.5,
             "rewrite:conv_reduce": 2.0, "rewrite:dead_code": 0.3,
             "rewrite:fold_scalars": 0.15, "rewrite:inplace": 0.05, "channels_last": 0.1, "compile:default": 0.08,

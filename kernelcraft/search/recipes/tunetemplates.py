@@ -49,13 +49,18 @@ _PAD = """
     if a.shape[-1] % 16:  # copies with K in whole 64-blocks: aligned rows, no masked loads
         a = torch.nn.functional.pad(a, (0, -a.shape[-1] % 64))
         b = torch.nn.functional.pad(b, (0, 0, 0, -b.shape[-2] % 64))"""
+_ALIGNED = """
+    if b.stride(-1) == 1 and b.shape[-1] % 16 and b.stride(-2) % 16 == 0:  # the N tile wraps: no vector may cross
+        b = b.contiguous()
+    if a.stride(-2) == 1 and a.shape[-2] % 16 and a.stride(-1) % 16 == 0:  # the M tile wraps: likewise
+        a = a.contiguous()"""
 _K_MAJOR = """
     if b.stride(-2) != 1:  # B K-major, as Hopper's tf32 tensor-core MMA reads it (a copy, timed with the rest)
         b = b.transpose(-1, -2).contiguous().transpose(-1, -2)"""
 _RUN_2D = '''def _kc_run(a, b, vectors, config):
     """a (..., M, K) @ b (K, N), then the epilogue; `vectors` are length-N tensors."""
     lead = a.shape[:-1]
-    a = a.reshape(-1, a.shape[-1]){pad}{kmajor}
+    a = a.reshape(-1, a.shape[-1]){pad}{kmajor}{aligned}
     out = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)
     vectors = tuple(v.reshape(-1).contiguous() for v in vectors)
     grid, args, meta = _kc_launch(a, b, vectors, out, **config)
@@ -67,13 +72,13 @@ _LAUNCH_SPLIT = """    M, K = a.shape
 _RUN_SPLIT = '''def _kc_run(a, b, vectors, config):
     """a (..., M, K) @ b (K, N) as {s} products over consecutive K ranges, summed."""
     lead = a.shape[:-1]
-    a = a.reshape(-1, a.shape[-1]){kmajor}
+    a = a.reshape(-1, a.shape[-1]){kmajor}{aligned}
     part = torch.empty(({s}, a.shape[0], b.shape[1]), device=a.device, dtype=torch.float32)
     grid, args, meta = _kc_launch(a, b, vectors, part, **config)
     _kc_gemm_kernel[grid](*args, **meta)
     return part.sum(0).to(a.dtype).reshape(*lead, b.shape[1])'''
 _RUN_BATCHED = '''def _kc_run(a, b, vectors, config):
-    """a (batch, M, K) @ b (batch, K, N), then the epilogue; `vectors` are length-N tensors."""{kmajor}
+    """a (batch, M, K) @ b (batch, K, N), then the epilogue; `vectors` are length-N tensors."""{kmajor}{aligned}
     out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), device=a.device, dtype=a.dtype)
     vectors = tuple(v.reshape(-1).contiguous() for v in vectors)
     grid, args, meta = _kc_launch(a, b, vectors, out, **config)
@@ -82,16 +87,17 @@ _RUN_BATCHED = '''def _kc_run(a, b, vectors, config):
 
 
 def _prepare(kernel: tunable.Kernel, run: str) -> str:
-    """The launcher's operand copies, fp32 only (docs/design/recipes.md#tunable): B made K-major unless it is
-    (Hopper's tf32 MMA takes K-major operands; a row-major B is transposed tile by tile inside the loop: a
-    4096^3 product ran 1.17x cuBLAS with B row-major, 1.65x with B transposed); for a plain unbatched,
-    unsplit product with A not transposed and K not a multiple of 16, A and B padded with zeros to whole
-    64-blocks of K (rows not 64-byte aligned leave every load unvectorised and masked: an 8205 x 2949 by
-    2949 x 5921 product ran at half cuBLAS's speed; the zeros add nothing to the sum)."""
-    fp32 = kernel.dtype == "float32"
-    pads = fp32 and not (kernel.a_trans or kernel.b_trans or kernel.batched or kernel.split_k > 1)
-    kmajor = fp32 and not kernel.b_trans
-    return run.replace("{pad}", _PAD if pads else "").replace("{kmajor}", _K_MAJOR if kmajor else "")
+    """The launcher's operand copies (docs/design/recipes.md#tunable). For a plain fp32 product (neither
+    batched nor split K, whose tuned configurations measured worse with it): A and B padded with zeros to whole
+    64-blocks of K when K is not a multiple of 16 (unaligned rows leave every load unvectorised and masked), and
+    B made K-major unless it is (Hopper's tf32 MMA takes K-major operands). Always: an operand whose
+    contiguous dimension is the one a tile wraps around (`% M`, `% N` in the kernel) and not a multiple of 16,
+    on 16-aligned rows, is copied, so that no vector load crosses the wrap (a misaligned address otherwise)."""
+    plain = kernel.dtype == "float32" and not (kernel.batched or kernel.split_k > 1)
+    pads = plain and not (kernel.a_trans or kernel.b_trans)
+    kmajor = plain and not kernel.b_trans
+    return (run.replace("{pad}", _PAD if pads else "").replace("{kmajor}", _K_MAJOR if kmajor else "")
+            .replace("{aligned}", _ALIGNED))
 
 
 def _gemm(kernel: tunable.Kernel) -> str:
