@@ -3,11 +3,7 @@ transposed operands, a kept triangle), their generated kernels' correctness in T
 kernel identity that the tuned-configuration store keys on."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,7 +13,7 @@ from kernelcraft.search.recipes import rewrite, tunable, tunematch, tunetemplate
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ROOT / "tests" / "fixtures" / "tasks"
 sys.path.insert(0, str(ROOT / "tests"))
-from test_tune_recipe import SHIM  # noqa: E402  (the interpreter's NumPy shim, test-only)
+import triton_interpreter  # noqa: E402
 
 # fixture -> (shape, bindings a / b, the kernel's layout fields that are set)
 VARIANTS = {
@@ -128,21 +124,7 @@ def test_the_variants_are_correct_in_the_interpreter(tmp_path):
             p = tmp_path / f"{name}_{len(cases)}.py"
             p.write_text(tunetemplates.candidate_source(source, m, cfg))
             cases.append((source, str(p)))
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    check = SHIM + textwrap.dedent(f"""
-        import json, sys
-        sys.path.insert(0, {str(ROOT / 'tests')!r})
-        import test_recipes as t
-        bad = []
-        for ref, path in json.load(open({str(tmp_path / 'cases.json')!r})):
-            task = type("T", (), {{"source": ref}})
-            if not t._same_as_reference(task, open(path).read()):
-                bad.append(path)
-        assert not bad, bad
-    """)
-    proc = subprocess.run([sys.executable, "-c", check], env=dict(os.environ, TRITON_INTERPRET="1"),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert triton_interpreter.wrong_candidates(cases, tmp_path) == []
 
 
 def test_strided_views_are_multiplied_right_in_the_interpreter(tmp_path):
@@ -154,7 +136,7 @@ def test_strided_views_are_multiplied_right_in_the_interpreter(tmp_path):
                "batched": tunable.Kernel("gemm", "float32", batched=True)}
     for name, k in kernels.items():
         (tmp_path / f"k_{name}.py").write_text(tunetemplates.kernel_module(k))
-    check = SHIM + textwrap.dedent(f"""
+    proc = triton_interpreter.run(f"""
         import importlib.util, torch
         def load(name):
             spec = importlib.util.spec_from_file_location(name, {str(tmp_path)!r} + f"/k_{{name}}.py")
@@ -174,6 +156,4 @@ def test_strided_views_are_multiplied_right_in_the_interpreter(tmp_path):
         got = load("batched")._kc_run(ab, bb, (), cfg)
         assert torch.allclose(got, torch.bmm(ab, bb), atol=1e-4), "batched"
     """)
-    proc = subprocess.run([sys.executable, "-c", check], env=dict(os.environ, TRITON_INTERPRET="1"),
-                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -4,10 +4,8 @@ interpreter), the tuned-configuration store, the `tuned` recipe's plumbing in th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,19 +16,12 @@ from kernelcraft.search.recipes import rewrite, tunable, tunematch, tunetemplate
 from kernelcraft.search.recipes.policy import RecipesPolicy
 from kernelcraft.task import load_task
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import triton_interpreter  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 GPU = DeviceInfo("cuda", "NVIDIA H100", 132, 79.0, "9.0")
 CPU = DeviceInfo("cpu", "test cpu", cores=2)
-# Triton 3.6's interpreter turns a runtime int into a 1-element array that NumPy >= 2.4 refuses to index
-# with (`range(0, K, BLOCK_K)` in the GEMM kernel); this shim, test-only, reads the element instead.
-SHIM = textwrap.dedent("""
-    import triton.runtime.interpreter as _ti
-    _orig = _ti._patch_lang_tensor
-    def _patched(tensor, scope):
-        _orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-    _ti._patch_lang_tensor = _patched
-""")
 
 
 def _match(source: str):
@@ -84,18 +75,7 @@ def test_rendered_candidates_are_correct_in_the_interpreter(tmp_path):
             p = tmp_path / f"c{len(cases)}.py"
             p.write_text(tunetemplates.candidate_source(t.source, m, cfg))
             cases.append((t.source, str(p)))
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    check = SHIM + textwrap.dedent(f"""
-        import json, sys, torch, importlib.util, types
-        sys.path.insert(0, {str(ROOT / 'tests')!r})
-        import test_recipes as t
-        for ref, path in json.load(open({str(tmp_path / 'cases.json')!r})):
-            task = type("T", (), {{"source": ref}})
-            assert t._same_as_reference(task, open(path).read()), path
-    """)
-    proc = subprocess.run([sys.executable, "-c", check], env=dict(os.environ, TRITON_INTERPRET="1"),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert triton_interpreter.wrong_candidates(cases, tmp_path, timeout=300) == []
 
 
 def test_candidate_refuses_an_invalid_configuration():
@@ -177,22 +157,25 @@ def test_tune_cli_usage_errors(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing left behind
 
 
+def _tune_in_the_interpreter(tmp_path, options: str, *, task: str) -> dict:
+    """`kernelcraft.tune.tuner.tune(task, tmp_path/run, <options>)` with the interpreter as the device (STORE:
+    tmp_path/store; the tuned store and the cache under tmp_path); its result."""
+    proc = triton_interpreter.run(f"""
+        import json
+        from kernelcraft.tune.tuner import TuneOptions, tune
+        STORE = {str(tmp_path / 'store')!r}
+        print(json.dumps(tune({task!r}, {str(tmp_path / 'run')!r}, {options}).to_json()))
+    """, KERNELCRAFT_TUNED=str(tmp_path / "tuned.json"), KERNELCRAFT_CACHE=str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_tune_end_to_end_with_the_interpreter_standing_in(tmp_path):
     """Game, store, cost-model retraining and the judge's run database, with Triton's CPU interpreter as the
     device: the numbers mean nothing, the plumbing is all there."""
     pytest.importorskip("triton")
-    script = SHIM + textwrap.dedent(f"""
-        import json
-        from kernelcraft.tune.tuner import TuneOptions, tune
-        res = tune("tiny/level1/rmsnorm", {str(tmp_path / 'run')!r}, TuneOptions(device="cpu", agent="ppo",
-                   budget=3, keep=2, rounds=2, store={str(tmp_path / 'store')!r}, confirm=0))
-        print(json.dumps(res.to_json()))
-    """)
-    env = dict(os.environ, TRITON_INTERPRET="1", KERNELCRAFT_TUNED=str(tmp_path / "tuned.json"),
-               KERNELCRAFT_CACHE=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = _tune_in_the_interpreter(tmp_path, 'TuneOptions(device="cpu", agent="ppo", budget=3, keep=2, rounds=2, '
+                                   'store=STORE, confirm=0)', task="tiny/level1/rmsnorm")
     assert res["measurements"] == 3 and res["run"]["candidates"] == 2
     from kernelcraft.search.rundb import RunDB
 
@@ -211,18 +194,8 @@ def test_tune_shortlist_without_judging_records_the_fast_path_best(tmp_path):
     """`--agent shortlist --keep 0`: the shortlist measured in order (the default first), nothing judged, the
     best measured configuration recorded and labelled as not judged; with the interpreter as the device."""
     pytest.importorskip("triton")
-    script = SHIM + textwrap.dedent(f"""
-        import json
-        from kernelcraft.tune.tuner import TuneOptions, tune
-        res = tune("tiny/level1/matmul_square", {str(tmp_path / 'run')!r}, TuneOptions(device="cpu",
-                   agent="shortlist", budget=3, keep=0, rounds=2, store={str(tmp_path / 'store')!r}))
-        print(json.dumps(res.to_json()))
-    """)
-    env = dict(os.environ, TRITON_INTERPRET="1", KERNELCRAFT_TUNED=str(tmp_path / "tuned.json"),
-               KERNELCRAFT_CACHE=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = _tune_in_the_interpreter(tmp_path, 'TuneOptions(device="cpu", agent="shortlist", budget=3, keep=0, '
+                                   'rounds=2, store=STORE)', task="tiny/level1/matmul_square")
     assert res["measurements"] == 3 and res["run"] is None and res["agent"] == "shortlist"
     (entry,) = json.loads((tmp_path / "tuned.json").read_text())["entries"]
     m = tunable.Match.from_json(rewrite.analyze(load_task("tiny/level1/matmul_square").source).tunable[0])
