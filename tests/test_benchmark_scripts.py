@@ -86,3 +86,29 @@ def test_precision_envelopes_explains_a_deep_networks_error(tmp_path):
     assert row["ref_tf32_off"]["rms"] < 1e-3 < 1e-2 < row["envelope_tf32"]["rms"], row
     assert row["bf16_over_tf32"] > 2, row
     assert "| task |" in r.stdout
+
+
+def test_template_tasks_selects_by_rule_and_renders_the_tuned_recipes(tmp_path):
+    import json
+    import shutil
+
+    d = tmp_path / "level1"
+    d.mkdir()
+    fixtures = ROOT / "tests" / "fixtures" / "tasks"
+    for i, name in enumerate(("gemm_bmm", "gemm_triu", "splice_two_linears", "gpu_add_relu"), start=1):
+        shutil.copy(fixtures / f"{name}.py", d / f"{i}_{name}.py")
+    r = _script(tmp_path, "template_tasks.py", "select", str(d), "--out", str(tmp_path / "whole"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    picked = [row["task"] for row in json.loads((tmp_path / "whole" / "selected.json").read_text())]
+    assert picked == ["1_gemm_bmm", "2_gemm_triu"], picked
+    r = _script(tmp_path, "template_tasks.py", "select", str(d), "--out", str(tmp_path / "regions"), "--regions")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads((tmp_path / "regions" / "selected.json").read_text())
+    assert [row["task"] for row in rows] == ["3_splice_two_linears"] and rows[0]["template"] == "2 GEMM region(s)", rows
+    for sel in ("whole", "regions"):
+        r = _script(tmp_path, "template_tasks.py", "render", str(tmp_path / sel), "--out", str(tmp_path / "cands"))
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "cands").iterdir()) == ["1_gemm_bmm.py", "2_gemm_triu.py",
+                                                                      "3_splice_two_linears.py"]
+    assert "_kc_g1_run" in (tmp_path / "cands" / "3_splice_two_linears.py").read_text()  # one kernel per region
+    assert "template: GEMM" in r.stdout or "tuned_gemm" in r.stdout
