@@ -2,7 +2,7 @@
 
 A region is one matrix product (`nn.Linear`, `F.linear`, matmul/mm/bmm/`@`, a matrix-product einsum) over any
 tensors of the graph, plus the longest run of elementwise ops after it that the GEMM template's epilogue takes
-(`tunematch.epilogue_step`: same shape and dtype, scalars and length-N vectors as other operands, a triu/tril
+(`gemmparts.epilogue_step`: same shape and dtype, scalars and length-N vectors as other operands, a triu/tril
 last). Invariant: every value inside a region except its output is read only inside the region (the fused
 kernel never writes it); the output may have any readers. Everything outside the regions stays the
 reference's PyTorch ops. Runs in the `rewrite` subprocess on a shape-propagated graph (meta tensors).
@@ -10,16 +10,12 @@ Rationale: docs/design/recipes.md#gemmsplice
 """
 from __future__ import annotations
 
-import operator
 import re
 from dataclasses import dataclass, field
 
-from kernelcraft.search.recipes import tunematch, tunetemplates
-from kernelcraft.search.recipes.fxrules import _torch
-from kernelcraft.search.recipes.tunable import Kernel, Match, split_for
-from kernelcraft.search.recipes.tunematch import _arg, _dt, _meta
-
-MIN_DIM = 16  # below this in M, N or K a product is a matrix-vector one: memory-bound work for another kernel
+from kernelcraft.search.recipes import gemmparts, tunetemplates
+from kernelcraft.search.recipes.tunable import Match
+from kernelcraft.search.recipes.gemmparts import _dt, _meta
 
 
 @dataclass
@@ -59,64 +55,19 @@ def _strided_t(n, rows: int, cols: int) -> bool:
 
 def _product(gm, n):
     """(a, b, bias operands, a transposed, b transposed, batched, K, N) of a product node, else None."""
-    torch = _torch()
-    F = torch.nn.functional
-    nodes = lambda *xs: all(hasattr(x, "op") and _meta(x) is not None for x in xs)  # noqa: E731
-    if n.op == "call_module":
-        mod = gm.get_submodule(n.target)
-        if type(mod) is not torch.nn.Linear or len(n.args) != 1 or n.kwargs or not nodes(n.args[0]):
-            return None
-        vecs = [Operand(attr=f"{n.target}.bias")] if mod.bias is not None else []
-        return (Operand(n.args[0]), Operand(attr=f"{n.target}.weight", t=True), vecs, False, True, False,
-                mod.in_features, mod.out_features)
-    if n.op == "call_function" and n.target in (F.linear, torch._C._nn.linear):
-        x, w, b = _arg(n, 0, "input"), _arg(n, 1, "weight"), _arg(n, 2, "bias")
-        if not nodes(x, w) or len(_meta(w).shape) != 2 or (b is not None and not nodes(b)):
-            return None
-        N, K = (int(d) for d in _meta(w).shape)
-        if b is not None and tuple(_meta(b).shape) != (N,):
-            return None
-        return Operand(x), Operand(w, t=True), ([Operand(b)] if b is not None else []), False, True, False, K, N
-    if n.op == "call_function" and n.target is torch.einsum:
-        operands = n.args[1:] if len(n.args) == 3 else (tuple(n.args[1]) if len(n.args) == 2 else ())
-        roles = tunematch._einsum_roles(n.args[0]) if len(operands) == 2 and not n.kwargs else None
-        if roles is None or not nodes(*operands):
-            return None
-        (batched, b_t), (a, b) = roles, operands
-        return _operands(a, b, batched, b_t)
-    is_bmm = (n.op == "call_function" and n.target is torch.bmm) or (n.op == "call_method" and n.target == "bmm")
-    is_mm = ((n.op == "call_function" and n.target in (torch.matmul, torch.mm, operator.matmul))
-             or (n.op == "call_method" and n.target in ("matmul", "mm")))
-    if not (is_mm or is_bmm) or len(n.args) != 2 or n.kwargs or not nodes(*n.args):
+    p = gemmparts.product_of(gm, n)
+    if p is None:
         return None
-    a, b = n.args
-    sa, sb = tuple(_meta(a).shape), tuple(_meta(b).shape)
-    if len(sa) == 3 and len(sb) == 3 and sa[0] == sb[0]:
-        return _operands(a, b, True, False)
-    if is_bmm or len(sb) != 2 or len(sa) < 2:
-        return None
-    return _operands(a, b, False, False)
-
-
-def _operands(a, b, batched: bool, b_t_eq: bool):
-    """The product A @ B, or A @ B^T when the equation names B's transpose (B is then (N, K))."""
-    sa, sb = tuple(_meta(a).shape), tuple(_meta(b).shape)
-    if batched:
-        if len(sa) != 3 or len(sb) != 3 or sa[0] != sb[0] or sa[2] != sb[1]:
-            return None
-        return Operand(a), Operand(b), [], False, False, True, int(sb[1]), int(sb[2])
-    if len(sb) != 2 or len(sa) < 2:
-        return None
-    if b_t_eq:
-        N, K = (int(d) for d in sb)
-        b_t = tuple(_meta(b).stride) == (K, 1)
-    else:
-        K, N = (int(d) for d in sb)
-        b_t = _strided_t(b, K, N)
-    a_t = len(sa) == 2 and _strided_t(a, int(sa[0]), int(sa[1]))
-    if int(sa[-1]) != K:
-        return None
-    return Operand(a), Operand(b, t=b_t_eq), [], a_t, b_t, False, K, N
+    operand = lambda x, **kw: Operand(attr=x, **kw) if isinstance(x, str) else Operand(x, **kw)  # noqa: E731
+    vecs = [operand(p.bias)] if p.bias is not None else []
+    if p.linear:
+        return Operand(p.a), operand(p.b, t=True), vecs, False, True, False, p.K, p.N
+    if p.batched:
+        return Operand(p.a), Operand(p.b), [], False, False, True, p.K, p.N
+    sa = tuple(_meta(p.a).shape)
+    b_t = tuple(_meta(p.b).stride) == (p.K, 1) if p.b_named_t else _strided_t(p.b, p.K, p.N)
+    a_t = len(sa) == 2 and _strided_t(p.a, int(sa[0]), int(sa[1]))
+    return Operand(p.a), Operand(p.b, t=p.b_named_t), [], a_t, b_t, False, p.K, p.N
 
 
 def _closed(gemm, members: list, k: int) -> bool:
@@ -127,27 +78,13 @@ def _closed(gemm, members: list, k: int) -> bool:
 
 
 def _epilogue(gm, gemm, members: list, vecs: list, shape: tuple, dtype: str, N: int, batched: bool):
-    """(epilogue lines, vectors, triangle, diagonal, op names) of the product followed by `members`, else None."""
-    names = {gemm: "acc"}
-    lines = ["acc = acc + v0"] if vecs else []
-    vecs, ops, tri, tri_diag = list(vecs), [], "", 0
-    for n in members:
-        if tri:
-            return None  # the triangle is the last op: f(0) need not be 0
-        found = tunematch._triangle_of(n, n.args[0]) if n.args and n.args[0] in names else None
-        if found is not None and (batched or len(shape) == 2):
-            (tri, tri_diag), names[n] = found, names[n.args[0]]
-        else:
-            step = tunematch.epilogue_step(gm, n, names, len(vecs), shape, dtype, N, lambda o: True)
-            if step is None:
-                return None
-            expr, new = step
-            vecs += [Operand(o) for o in new]
-            names[n] = f"e{len(lines)}"
-            lines.append(f"{names[n]} = {expr}")
-        ops.append(_op_name(gm, n))
-    lines.append(f"out = {names[members[-1]] if members else 'acc'}")
-    return lines, vecs, tri, tri_diag, ops
+    """(epilogue lines, vectors, triangle, diagonal) of the product followed by `members`, else None."""
+    epi = gemmparts.gemm_epilogue(gm, gemm, members, members[-1] if members else gemm, len(vecs), shape, dtype, N,
+                                  batched, lambda o: True)
+    if epi is None:
+        return None
+    lines, new, tri, tri_diag = epi
+    return lines, vecs + [Operand(o) for o in new], tri, tri_diag
 
 
 def _op_name(gm, n) -> str:
@@ -164,11 +101,8 @@ def _region(gm, gemm, after: list) -> Region | None:
     shape, dtype = tuple(_meta(gemm).shape), _dt(gemm)
     if dtype is None or shape[-1] != N or any(_dt(o.node) != dtype for o in (a, b, *vecs) if o.node is not None):
         return None
-    nb, M = (int(shape[0]), int(shape[1])) if batched else (1, 1)
-    if not batched:
-        for d in shape[:-1]:
-            M *= int(d)
-    if min(M, N, K) < MIN_DIM:
+    size = gemmparts.gemm_size(shape, batched, N, K)
+    if size is None:
         return None
     members, inside = [], {gemm}
     for n in after:  # grow: every op the epilogue can take whose tensor operands include a region value
@@ -179,14 +113,11 @@ def _region(gm, gemm, after: list) -> Region | None:
             inside.add(n)
     k = max(i for i in range(len(members) + 1) if _closed(gemm, members, i))  # i = 0 always closes
     members = members[:k]
-    lines, vecs, tri, tri_diag, ops = _epilogue(gm, gemm, members, vecs, shape, dtype, N, batched)
-    epilogue = "\n".join(lines)
-    plain = epilogue == "out = acc" and not vecs and not tri and not batched
-    kernel = Kernel("gemm", dtype, epilogue=epilogue, vectors=len(vecs), b_trans=b_t, a_trans=a_t, batched=batched,
-                    tri=tri, tri_diag=tri_diag, split_k=split_for(M, N, K) if plain else 1)
-    shape_d = {"M": M, "N": N, "K": K, **({"batch": nb} if batched else {})}
+    lines, vecs, tri, tri_diag = _epilogue(gm, gemm, members, vecs, shape, dtype, N, batched)
+    kernel = gemmparts.gemm_kernel(dtype, lines, len(vecs), a_t, b_t, batched, tri, tri_diag, size)
     desc = {"a": a.attr or a.node.name, "b": b.attr or b.node.name}
-    return Region(gemm, members, a, b, vecs, Match(kernel, shape_d, desc), [_op_name(gm, gemm)] + ops)
+    ops = [_op_name(gm, n) for n in [gemm] + members]
+    return Region(gemm, members, a, b, vecs, Match(kernel, size, desc), ops)
 
 
 def regions(gm) -> list[Region]:

@@ -1,35 +1,18 @@
 """Which tunable template a reference's forward is: FX graph -> `tunable.Match` (or nothing).
 
 A match must cover the whole forward; anything unrecognised means no match, never a guess. Bindings are
-source expressions over forward's parameters and `self.<attribute path>`. `epilogue_step`, one elementwise op
-as a line of the GEMM epilogue, is shared with `gemmsplice` (GEMM regions inside a larger forward).
+source expressions over forward's parameters and `self.<attribute path>`. The product and its epilogue are
+read by `gemmparts`, shared with `gemmsplice` (GEMM regions inside a larger forward).
 Rationale: docs/design/recipes.md#tunematch
 """
 from __future__ import annotations
 
-import math
 import operator
 
-from kernelcraft.search.recipes import tritonfuse
 from kernelcraft.search.recipes.fxrules import _torch
-from kernelcraft.search.recipes.tunable import DTYPE_BYTES, Kernel, Match, split_for
-
-
-def _meta(n):
-    tm = n.meta.get("tensor_meta") if hasattr(n, "meta") else None
-    return tm if tm is not None and hasattr(tm, "shape") else None
-
-
-def _dt(n) -> str | None:
-    tm = _meta(n)
-    name = str(tm.dtype).replace("torch.", "") if tm is not None else None
-    return name if name in DTYPE_BYTES else None
-
-
-def _arg(n, i: int, name: str, default=None):
-    if len(n.args) > i:
-        return n.args[i]
-    return n.kwargs.get(name, default)
+from kernelcraft.search.recipes.gemmparts import (_arg, _dt, _is_fn, _meta, gemm_epilogue, gemm_kernel, gemm_size,
+                                                  product_of)
+from kernelcraft.search.recipes.tunable import Kernel, Match
 
 
 def _last_dim(dim, rank: int) -> bool:
@@ -87,148 +70,39 @@ def _operand_2d(gm, n):
     return None, False
 
 
-def _einsum_roles(eq: str):
-    """(batched, b transposed) of a matrix-product equation: "PK,KN->PN" (P one or more letters, A's
-    leading dims), "PK,NK->PN" (B transposed), "bMK,bKN->bMN" (a batch); else None."""
-    if not isinstance(eq, str) or "->" not in eq or "." in eq:
-        return None
-    ins, out = eq.replace(" ", "").split("->")
-    parts = ins.split(",")
-    if len(parts) != 2 or len(set(out)) != len(out):
-        return None
-    a, b = parts
-    if len(b) == 3 and len(a) == 3 and a[0] == b[0] == out[0] and len(out) == 3:  # bMK,bKN->bMN
-        k, m, n = a[2], a[1], b[2]
-        if b[1] == k and out[1:] == m + n and len({a[0], m, k, n}) == 4:
-            return True, False
-        return None
-    if len(b) != 2 or len(a) < 2:
-        return None
-    lead, k = a[:-1], a[-1]
-    if len(set(a)) != len(a) or k in out:
-        return None
-    if b[0] == k and b[1] not in a and out == lead + b[1]:
-        return False, False
-    if b[1] == k and b[0] not in a and out == lead + b[0]:
-        return False, True
-    return None
-
-
 def _gemm_node(gm, model, n):
-    """(a expr, b expr, a transposed, b transposed, batched, vector exprs, K, N) for a product node, else None."""
-    torch = _torch()
-    F = torch.nn.functional
-    if n.op == "call_module":
-        mod = gm.get_submodule(n.target)
-        if type(mod) is not torch.nn.Linear or n.args[0].op != "placeholder" or n.args[0].target.startswith("*"):
-            return None
-        path = _attr_expr(n.target)
-        vecs = [f"{path}.bias"] if mod.bias is not None else []
-        return n.args[0].target, f"{path}.weight.t()", False, True, False, vecs, mod.in_features, mod.out_features
-    if n.op == "call_function" and n.target in (F.linear, torch._C._nn.linear):
-        x, w, b = _arg(n, 0, "input"), _arg(n, 1, "weight"), _arg(n, 2, "bias")
-        if x.op != "placeholder" or x.target.startswith("*") or w.op != "get_attr" or (b is not None and b.op != "get_attr"):
-            return None
-        wshape = _meta(w).shape
-        vecs = [_attr_expr(b.target)] if b is not None else []
-        return x.target, f"{_attr_expr(w.target)}.t()", False, True, False, vecs, int(wshape[1]), int(wshape[0])
-    if n.op == "call_function" and n.target is torch.einsum:
-        operands = n.args[1:] if len(n.args) == 3 else (tuple(n.args[1]) if len(n.args) == 2 else ())
-        roles = _einsum_roles(n.args[0]) if len(operands) == 2 and not n.kwargs else None
-        if roles is None:
-            return None
-        batched, b_t = roles
-        a, b = operands
-        if not (hasattr(a, "op") and hasattr(b, "op")):
-            return None
-        return _product(gm, a, b, batched, b_t)
-    is_bmm = (n.op == "call_function" and n.target is torch.bmm) or (n.op == "call_method" and n.target == "bmm")
-    is_mm = ((n.op == "call_function" and n.target in (torch.matmul, torch.mm, operator.matmul))
-             or (n.op == "call_method" and n.target in ("matmul", "mm")))
-    if not (is_mm or is_bmm) or len(n.args) != 2 or n.kwargs:
+    """(a expr, b expr, a transposed, b transposed, batched, vector exprs, K, N) for a product node whose operands
+    are forward's parameters or the model's (or transposes of them), else None."""
+    p = product_of(gm, n)
+    if p is None:
         return None
-    a, b = n.args
-    ra, rb = len(_meta(a).shape), len(_meta(b).shape)
-    if ra == 3 and rb == 3 and tuple(_meta(a).shape)[0] == tuple(_meta(b).shape)[0]:
-        return _product(gm, a, b, True, False)
-    if is_bmm or rb != 2 or ra < 2:
-        return None
-    return _product(gm, a, b, False, False)
-
-
-def _product(gm, a, b, batched: bool, b_t_eq: bool):
-    """The operands of A @ B (or A @ B^T when the equation says so); A a placeholder (any rank >= 2, or the
-    transpose of a 2-D one), B a 2-D placeholder or parameter (or its transpose); batched: both 3-D
-    placeholders, one product per leading index."""
-    if batched:
-        if any(x.op != "placeholder" or x.target.startswith("*") for x in (a, b)):
+    if p.linear:  # A the forward's input; B the transpose of a weight parameter, the bias a parameter too
+        params = [x for x in (p.b, p.bias) if x is not None and not isinstance(x, str)]
+        if p.a.op != "placeholder" or p.a.target.startswith("*") or any(x.op != "get_attr" for x in params):
             return None
-        K, N = int(_meta(b).shape[1]), int(_meta(b).shape[2])
-        return a.target, b.target, False, False, True, [], K, N
-    if len(_meta(b).shape) != 2:
-        return None
-    if len(_meta(a).shape) == 2:
-        a_expr, a_t = _operand_2d(gm, a)
-    elif a.op == "placeholder" and not a.target.startswith("*"):
-        a_expr, a_t = a.target, False
+        path = lambda x: _attr_expr(x if isinstance(x, str) else x.target)  # noqa: E731
+        vecs = [path(p.bias)] if p.bias is not None else []
+        return p.a.target, f"{path(p.b)}.t()", False, True, False, vecs, p.K, p.N
+    if p.batched:
+        if any(x.op != "placeholder" or x.target.startswith("*") for x in (p.a, p.b)):
+            return None
+        return p.a.target, p.b.target, False, False, True, [], p.K, p.N
+    if len(_meta(p.a).shape) == 2:
+        a_expr, a_t = _operand_2d(gm, p.a)
+    elif p.a.op == "placeholder" and not p.a.target.startswith("*"):
+        a_expr, a_t = p.a.target, False
     else:
         return None
-    b_expr, b_t = _operand_2d(gm, b)
-    if a_expr is None or b_expr is None or (b_t and b_t_eq):
+    b_expr, b_t = _operand_2d(gm, p.b)
+    if a_expr is None or b_expr is None or (b_t and p.b_named_t):
         return None
-    if b_t_eq:  # the equation names B's transpose: B is (N, K)
+    if p.b_named_t:  # the equation names B's transpose
         b_expr, b_t = f"{b_expr}.t()", True
-        N, K = (int(d) for d in _meta(b).shape)
-    else:
-        K, N = (int(d) for d in _meta(b).shape)
-    return a_expr, b_expr, a_t, b_t, False, [], K, N
-
-
-def _triangle_of(n, src) -> tuple[str, int] | None:
-    """("upper" | "lower", diagonal) when n is torch.triu/tril of src, else None."""
-    torch = _torch()
-    for tri, fn in (("upper", torch.triu), ("lower", torch.tril)):
-        name = fn.__name__
-        if _is_fn(n, (fn,), (name,)) and n.args[0] is src:
-            d = _arg(n, 1, "diagonal", 0)
-            if isinstance(d, int) and not isinstance(d, bool):
-                return tri, d
-    return None
+    return a_expr, b_expr, a_t, b_t, False, [], p.K, p.N
 
 
 def _is_param(n) -> bool:
     return n.op == "get_attr"
-
-
-def epilogue_step(gm, n, names: dict, nvec: int, shape: tuple, dtype: str, N: int, vector_ok):
-    """(expression, new vector operand nodes) of elementwise node `n` as one line of a GEMM epilogue, or None.
-
-    `names` maps the values already in the epilogue (the product first) to their variable names; `n` must read
-    at least one of them, have the product's shape and dtype, and take its other operands from finite
-    scalars or vectors of shape (N,) or (1, N) of that dtype that `vector_ok(node)` accepts. New vectors are
-    named v{nvec}, v{nvec + 1}, ... in the order returned. Nothing is changed when `n` cannot join."""
-    low = tritonfuse._lowering(gm, n)
-    if low is None or _meta(n) is None or _dt(n) != dtype or tuple(_meta(n).shape) != shape:
-        return None
-    operands, fn = low
-    exprs, new = [], []
-    for o in operands:
-        if hasattr(o, "op"):
-            if o in names:
-                exprs.append(names[o])
-            elif vector_ok(o) and _meta(o) is not None and _dt(o) == dtype \
-                    and tuple(_meta(o).shape) in ((N,), (1, N)):
-                exprs.append(f"v{nvec + len(new)}")
-                new.append(o)
-            else:
-                return None
-        elif isinstance(o, (int, float)) and not isinstance(o, bool) and math.isfinite(o):
-            exprs.append(repr(float(o)))
-        else:
-            return None
-    if not any(hasattr(o, "op") and o in names for o in operands):
-        return None
-    return fn(exprs), new
 
 
 def _match_gemm(gm, model, out) -> Match | None:
@@ -240,50 +114,18 @@ def _match_gemm(gm, model, out) -> Match | None:
     if any(n not in gnode.args or len(n.users) != 1 for n in nodes[:at]):  # only the operands' transposes
         return None
     a_expr, b_expr, a_t, b_t, batched, vecs, K, N = _gemm_node(gm, model, gnode)
-    nodes = nodes[at:]
     shape, dtype = tuple(_meta(gnode).shape), _dt(gnode)
-    if dtype is None or shape[-1] != N:
+    size = gemm_size(shape, batched, N, K) if dtype is not None and shape[-1] == N else None
+    epi = gemm_epilogue(gm, gnode, nodes[at + 1:], out, len(vecs), shape, dtype, N, batched, _is_param) if size else None
+    if epi is None:
         return None
-    if batched:
-        nb, M = int(shape[0]), int(shape[1])
-    else:
-        nb, M = 1, 1
-        for d in shape[:-1]:
-            M *= int(d)
-    if min(M, N, K) < 16:  # a matrix-vector product is memory-bound work for another kernel
-        return None
-    lines = ["acc = acc + v0"] if vecs else []
-    names = {gnode: "acc"}
-    tri, tri_diag = "", 0
-    for n in nodes[1:]:
-        last = names.get(n.args[0]) if n.args else None
-        found = _triangle_of(n, n.args[0]) if n is out and last is not None else None
-        if found is not None and (batched or len(shape) == 2):  # the last op only: f(0) need not be 0
-            tri, tri_diag = found
-            names[n] = last
-            continue
-        step = epilogue_step(gm, n, names, len(vecs), shape, dtype, N, _is_param)
-        if step is None:
-            return None
-        expr, new_vecs = step
-        vecs += [_attr_expr(o.target) for o in new_vecs]
-        names[n] = f"e{len(lines)}"
-        lines.append(f"{names[n]} = {expr}")
-    if out not in names:
-        return None
-    lines.append(f"out = {names[out]}")
-    epilogue = "\n".join(lines)
-    plain = epilogue == "out = acc" and not vecs and not tri and not batched
-    kernel = Kernel("gemm", dtype, epilogue=epilogue, vectors=len(vecs), b_trans=b_t, a_trans=a_t,
-                    batched=batched, tri=tri, tri_diag=tri_diag, split_k=split_for(M, N, K) if plain else 1)
-    binds = {"a": a_expr, "b": b_expr, "vectors": vecs}
-    return Match(kernel, {"M": M, "N": N, "K": K, **({"batch": nb} if batched else {})}, binds)
+    lines, new, tri, tri_diag = epi
+    vecs = vecs + [_attr_expr(o.target) for o in new]
+    kernel = gemm_kernel(dtype, lines, len(vecs), a_t, b_t, batched, tri, tri_diag, size)
+    return Match(kernel, size, {"a": a_expr, "b": b_expr, "vectors": vecs})
 
 
 # ---- row ops over the last dimension ---------------------------------------------------------------
-
-def _is_fn(n, fns=(), methods=()):
-    return (n.op == "call_function" and n.target in fns) or (n.op == "call_method" and n.target in methods)
 
 
 def _mean_or_sum_last(n, x, rank):
