@@ -21,9 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from kernelcraft.search.recipes import rewrite, tunable, tunetemplates
-
-LAYOUT = {"a_trans": False, "b_trans": False, "batched": False, "tri": "", "tri_diag": 0, "split_k": 1}
+from kernelcraft.search.recipes import rewrite, tunable
 
 
 def _tasks(dirs: list[Path]):
@@ -54,14 +52,6 @@ def _regions(path: Path) -> list[dict]:
     return ((a.variant([]) or {}).get("gemm") or {}).get("regions") or []
 
 
-def describe(m: tunable.Match) -> str:
-    k = m.kernel
-    if k.kind == "rownorm":
-        return f"rownorm {k.op}"
-    layout = ", ".join(f"{f}={getattr(k, f)}" for f, default in LAYOUT.items() if getattr(k, f) != default)
-    return f"gemm{' + epilogue' if k.epilogue != 'out = acc' else ''}" + (f" ({layout})" if layout else "")
-
-
 def select(dirs: list[Path], out: Path, markdown: bool, regions: bool = False) -> list[dict]:
     rows = []
     for level, path in _tasks(dirs):
@@ -74,7 +64,7 @@ def select(dirs: list[Path], out: Path, markdown: bool, regions: bool = False) -
             m = _match(path)
             if m is None:
                 continue
-            row = {"template": describe(m), "shape": m.shape}
+            row = {"template": tunable.describe(m), "shape": m.shape}
         (out / level).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, out / level / path.name)
         rows.append({"level": level, "task": path.stem, **row})
@@ -110,8 +100,9 @@ def render(sel: Path, out: Path, gpu: str) -> int:
         recipe = next((t for t in ("tuned", "tuned_gemm") if t in tokens), None)
         if recipe is None:
             continue
-        (out / path.name).write_text(policy.render(frozenset([recipe]), ctx))
-        print(f"{path.stem}: {recipe}" + (f" — {policy.tuned_note(ctx)}" if recipe == "tuned" else ""))
+        source, note = policy.render_noted(frozenset([recipe]), ctx)
+        (out / path.name).write_text(source)
+        print(f"{path.stem}: {recipe}" + (f" — {note}" if note else ""))
         n += 1
     return n
 

@@ -138,12 +138,10 @@ def tune(task, out, options: TuneOptions | None = None, *, on_event: Callable[..
     out.mkdir(parents=True, exist_ok=True)
     store = Path(opts.store) if opts.store else default_store()
     store.mkdir(parents=True, exist_ok=True)
-    configs = tunable.all_configs(kernel, shape)
-    budget = min(len(configs), opts.budget or math.ceil(opts.budget_share * len(configs)))
     featureless = not getattr(AGENTS.get(opts.agent), "needs_features", True)
-    if featureless:
-        configs = tunable.shortlist(kernel, shape)
-        budget = min(len(configs), opts.budget or len(configs))
+    configs = tunable.shortlist(kernel, shape) if featureless else tunable.all_configs(kernel, shape)
+    default_budget = len(configs) if featureless else math.ceil(opts.budget_share * len(configs))
+    budget = min(len(configs), opts.budget or default_budget)
     emit("match", kernel=kernel.key(), shape=shape, configs=len(configs), budget=budget)
 
     backend = TritonBackend(task, match, device=opts.device, rounds=opts.rounds, seed=opts.protocol.seed,
@@ -184,14 +182,23 @@ def tune(task, out, options: TuneOptions | None = None, *, on_event: Callable[..
     ranked = sorted((h for h in result.history if h.get("ok")), key=lambda h: -h["speedup"])
     if opts.keep == 0:  # the fast path's best, unjudged: the recipe that uses it is judged like any candidate
         best = ranked[0]
-        tuned_path = str(tunable.record_tuned(kernel, shape, best["config"], ms=best["ms"], gpu=gpu,
-                                              source=f"{task.name} (fast path: {best['speedup']:.3f}x, not judged)"))
-        res = TuneResult(task=task.name, kernel=kernel.key(), shape=shape, agent=opts.agent, configs=len(configs),
-                         budget=budget, measurements=result.measurements, best_config=result.best_config,
-                         best_fast_speedup=result.best_score, cost_model=retrained, run=None, tuned_store=tuned_path,
-                         wall_s=round(time.monotonic() - t0, 2))
-        (out / "tune.json").write_text(json.dumps(res.to_json(), indent=1) + "\n")
-        return res
+        run, tuned_path = None, str(tunable.record_tuned(
+            kernel, shape, best["config"], ms=best["ms"], gpu=gpu,
+            source=f"{task.name} (fast path: {best['speedup']:.3f}x, not judged)"))
+    else:
+        run, tuned_path = _judge(task, match, out, ranked, opts, gpu, emit)
+    res = TuneResult(task=task.name, kernel=kernel.key(), shape=shape, agent=opts.agent, configs=len(configs),
+                     budget=budget, measurements=result.measurements, best_config=result.best_config,
+                     best_fast_speedup=result.best_score, cost_model=retrained if model is None else "used; " + retrained,
+                     run=run, tuned_store=tuned_path, wall_s=round(time.monotonic() - t0, 2))
+    (out / "tune.json").write_text(json.dumps(res.to_json(), indent=1) + "\n")
+    return res
+
+
+def _judge(task, match, out, ranked: list[dict], opts: TuneOptions, gpu: str, emit) -> tuple[dict, str | None]:
+    """Judge the `opts.keep` best distinct configurations of `ranked` into `out` with the full protocol; (the
+    run, the tuned store's path when its confirmed best was recorded there)."""
+    kernel, shape = match.kernel, match.shape
     keep, seen = [], set()
     for h in ranked:
         key = tunable.config_key(h["config"])
@@ -219,12 +226,7 @@ def tune(task, out, options: TuneOptions | None = None, *, on_event: Callable[..
             db.close()
         ms = next((h["ms"] for h in keep if h["config"] == row.meta.get("tuned")), None)
         tuned_path = str(tunable.record_tuned(kernel, shape, row.meta["tuned"], ms=ms, gpu=gpu, source=task.name))
-    res = TuneResult(task=task.name, kernel=kernel.key(), shape=shape, agent=opts.agent, configs=len(configs),
-                     budget=budget, measurements=result.measurements, best_config=result.best_config,
-                     best_fast_speedup=result.best_score, cost_model=retrained if model is None else "used; " + retrained,
-                     run=run.to_json(), tuned_store=tuned_path, wall_s=round(time.monotonic() - t0, 2))
-    (out / "tune.json").write_text(json.dumps(res.to_json(), indent=1) + "\n")
-    return res
+    return run.to_json(), tuned_path
 
 
 def _gpu_name(device: str) -> str:

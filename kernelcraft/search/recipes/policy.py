@@ -120,23 +120,21 @@ class RecipesPolicy:
                 return False
         return True
 
-    def _tuned(self, ctx: Context):
-        match = tunable.Match.from_json(self.analysis(ctx).tunable[0])
-        return (match, *tunable.lookup_config(match.kernel, match.shape, gpu=ctx.device.name))
-
-    def tuned_note(self, ctx: Context) -> str:
-        """Which template the `tuned` recipe runs, at what size, and where its configuration came from."""
-        match, config, origin = self._tuned(ctx)
-        return (f"template: {tunable.describe(match)}; configuration {tunable.config_key(config)} "
-                f"({origin if origin != 'default' else 'the template default: nothing tuned near this shape'})")
-
     def render(self, recipe, ctx: Context) -> str:
+        return self.render_noted(recipe, ctx)[0]
+
+    def render_noted(self, recipe, ctx: Context) -> tuple[str, str | None]:
+        """(the candidate source, a line for people on what it is where there is more to say than its tokens: for
+        `tuned`, the template, its size and where its configuration came from)."""
         a = self.analysis(ctx)
         if "tuned" in recipe:
-            match, config, origin = self._tuned(ctx)
-            return tunetemplates.candidate_source(ctx.task.source, match, config, note=origin)
+            match = tunable.Match.from_json(a.tunable[0])
+            config, origin = tunable.lookup_config(match.kernel, match.shape, gpu=ctx.device.name)
+            note = (f"template: {tunable.describe(match)}; configuration {tunable.config_key(config)} "
+                    f"({origin if origin != 'default' else 'the template default: nothing tuned near this shape'})")
+            return tunetemplates.candidate_source(ctx.task.source, match, config, note=origin), note
         return render.render(ctx.task.source, sorted(recipe), a, output_dtypes=a.features.get("output_dtypes"),
-                             gpu=ctx.device.name)
+                             gpu=ctx.device.name), None
 
     def exhausted(self, ctx: Context) -> str:
         """Why `propose` returned nothing: which recipes apply here, and what would add more."""
@@ -190,14 +188,14 @@ class RecipesPolicy:
             if recipe in seen or recipe in taken or not self.valid(recipe, ctx) or recipe & banned:
                 return False
             try:
-                source = self.render(recipe, ctx)
+                source, note = self.render_noted(recipe, ctx)
             except ValueError:
                 return False
             taken.add(recipe)
             toks = sorted(recipe)
             meta = {"recipe": toks, "operator": op, "techniques": techniques(None, {"recipe": toks})}
-            if "tuned" in recipe:
-                meta["note"] = self.tuned_note(ctx)
+            if note:
+                meta["note"] = note
             chosen.append(Proposal(source, parents=list(parents), meta=meta))
             return True
 

@@ -90,8 +90,8 @@ class Kernel:
         """A stable identity of the generated code (kind, dtype, then a hash of the rest; a field at the
         default it had before it existed is left out, so older keys still name the same code)."""
         d = asdict(self)
-        for name, default in _LATER_FIELDS.items():
-            if d[name] == default:
+        for name in _LATER_FIELDS:
+            if d[name] == Kernel.__dataclass_fields__[name].default:
                 del d[name]
         body = json.dumps(d, sort_keys=True)
         tag = self.op if self.kind == "rownorm" else "epi"
@@ -105,7 +105,7 @@ class Kernel:
         return cls(**d)
 
 
-_LATER_FIELDS = {"a_trans": False, "batched": False, "tri": "", "tri_diag": 0, "split_k": 1}
+_LATER_FIELDS = ("a_trans", "batched", "tri", "tri_diag", "split_k")  # added after keys were first stored
 
 
 @dataclass
@@ -124,8 +124,6 @@ class Match:
     @classmethod
     def from_json(cls, d: dict) -> "Match":
         return cls(Kernel.from_json(d["kernel"]), dict(d["shape"]), dict(d.get("bindings", {})))
-
-
 
 
 def describe(match: Match) -> str:
