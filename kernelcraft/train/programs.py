@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from kernelcraft.devices import DeviceInfo
 from kernelcraft.search.recipes import policy as recipes
 from kernelcraft.search.recipes import render as recipe_render
 from kernelcraft.task import Task
@@ -42,9 +43,11 @@ class TaskInfo:
 class Compiler:
     """Programs -> candidate sources through the recipes policy (one analysis per task, cached)."""
 
-    def __init__(self, kind: str = "cpu", skip=()):
-        """`skip`: words or word prefixes left out of the language (the recipes policy's own `skip`)."""
+    def __init__(self, kind: str = "cpu", skip=(), gpu: str = ""):
+        """`skip`: words or word prefixes left out of the language (the recipes policy's own `skip`); `gpu`: the
+        GPU product the programs are compiled for (its tuned configurations; "": the nearest of any product)."""
         self.kind = kind
+        self.device = DeviceInfo(kind=kind, name=gpu)
         self.recipes = recipes.RecipesPolicy(skip=skip)
         self.vocab = [w for w in vocabulary(kind)
                       if not any(w == k or w.startswith(k.rstrip(":") + ":") for k in self.recipes.skip)]
@@ -56,7 +59,7 @@ class Compiler:
         with self._lock:
             if task.sha256 in self._infos:
                 return self._infos[task.sha256]
-        ctx = SimpleNamespace(task=task, device=SimpleNamespace(kind=self.kind), allow_precision_change=False)
+        ctx = SimpleNamespace(task=task, device=self.device, allow_precision_change=False)
         a = self.recipes.analysis(ctx)
         if not a.traced:
             raise ValueError(f"{task.name}: the recipes analysis could not trace it ({a.error})")
