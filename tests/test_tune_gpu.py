@@ -97,10 +97,12 @@ def test_candidate_source_matches_the_fast_path(gemm):
 
 
 @pytest.mark.parametrize("name", ["gemm_bmm", "gemm_einsum_4d", "gemm_transposed_both", "gemm_triu", "gemm_tril",
-                                  "gemm_split_k", "gemm_einsum_bt"])
-def test_the_gemm_variants_are_correct_on_gpu(name, cache_dir):
-    """Each layout of the GEMM template (tests/test_tune_gemm_variants.py) at its default configuration and
-    at the smallest blocks, judged like any candidate."""
+                                  "gemm_split_k", "gemm_einsum_bt", "scan_cumsum_reverse", "scan_cumsum_exclusive",
+                                  "scan_cumsum_masked", "scan_cumprod"])
+def test_the_template_variants_are_correct_on_gpu(name, cache_dir):
+    """Each layout of the GEMM template (tests/test_tune_gemm_variants.py) and each scan of the row template
+    (tests/test_row_scans.py) at its default configuration and at the smallest blocks, judged like any
+    candidate."""
     from pathlib import Path
 
     task = load_task(Path(__file__).parent / "fixtures" / "tasks" / f"{name}.py")

@@ -78,7 +78,7 @@ def featurize(kernel: tunable.Kernel, shape: dict, config: dict, features: dict 
         rows, cols = shape["rows"], shape["cols"]
         bn, w = config["BLOCK_N"], config["num_warps"]
         one = bn >= cols
-        passes = 1 if one else {"layernorm": 3}.get(kernel.op, 2)
+        passes = 1 if one or kernel.op in tunable.SCAN_OPS else 2
         row = [_log2(rows), _log2(cols), nb, float(kernel.weight), float(kernel.bias)] + \
               [float(kernel.op == o) for o in tunable.ROW_OPS] + \
               [_log2(bn), w, config["num_stages"], math.ceil(cols / bn), float(one), bn / (32 * w), passes,

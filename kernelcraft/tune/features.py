@@ -47,7 +47,7 @@ SASS_CLASSES = {
 }
 FEATURE_KEYS = (["regs", "spill_bytes", "smem_kb", "threads", "blocks_per_sm", "occupancy", "n_instr"]
                 + [f"sass_{c}" for c in SASS_CLASSES])
-_TORCH_TO_TRITON = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+_TORCH_TO_TRITON = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "uint8": "u8"}
 
 
 class FeatureError(RuntimeError):
@@ -84,6 +84,9 @@ def meta_operands(kernel: tunable.Kernel, shape: dict):
             return (a, b, vecs, torch.empty(kernel.split_k, M, N, device="meta", dtype=torch.float32))
         return (a, b, vecs, torch.empty(*lead, M, N, **e))
     rows, cols = shape["rows"], shape["cols"]
+    if kernel.op in tunable.SCAN_OPS:  # x, y, the mask (as the launcher reads a bool one: bytes) or None
+        mask = torch.empty(rows, cols, device="meta", dtype=torch.uint8) if kernel.masked else None
+        return (torch.empty(rows, cols, **e), torch.empty(rows, cols, **e), mask)
     params = tuple(torch.empty(cols, **e) for on in (kernel.weight, kernel.bias) if on)
     return (torch.empty(rows, cols, **e), torch.empty(rows, cols, **e), params)
 

@@ -1,6 +1,6 @@
 """Tunable Triton kernels: what a template instance is, its knob space, which configurations are valid.
 
-Two families (`gemm`, `rownorm`); every knob an ordered tuple of values; `valid` masks configurations that
+Two families (`gemm`; `rownorm`, a row op over the last dimension: a norm or a scan); every knob an ordered tuple of values; `valid` masks configurations that
 cannot compile or run well on a Hopper GPU (an estimate). Pure data and arithmetic: nothing here imports
 torch or triton. `lookup_config` reads tuned configurations (the user's store, then the shipped one).
 Rationale: docs/design/recipes.md#tunable
@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-ROW_OPS = ("softmax", "log_softmax", "layernorm", "rmsnorm", "l2norm", "l1norm_mean")
+NORM_OPS = ("softmax", "log_softmax", "layernorm", "rmsnorm", "l2norm", "l1norm_mean")
+SCAN_OPS = ("cumsum", "cumprod")
+ROW_OPS = NORM_OPS + SCAN_OPS
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one block may use on sm_90
 MAX_ACC_PER_THREAD = 128  # fp32 accumulator values per thread before the tile spills
 MAX_ROW_PER_THREAD = 64  # row elements per thread a row kernel keeps in registers
@@ -57,7 +59,8 @@ class Kernel:
     ("upper"/"lower"), the output's triangle kept as torch.triu/tril with `tri_diag` keep it, zeros elsewhere,
     and tiles wholly outside it never compute their product; `split_k` > 1, K cut into that many ranges
     computed apart and summed (a plain product only: few output tiles, a long K). rownorm: `op`, `eps`,
-    `weight`, `bias`."""
+    `weight`, `bias`; a scan op (`SCAN_OPS`) also `reverse` (from the last element), `exclusive` (each
+    output leaves its own element out) and `masked` (the scan of x * mask, a second input of x's shape)."""
     kind: str
     dtype: str
     epilogue: str = "out = acc"
@@ -72,6 +75,9 @@ class Kernel:
     tri: str = ""
     tri_diag: int = 0
     split_k: int = 1
+    reverse: bool = False
+    exclusive: bool = False
+    masked: bool = False
 
     def __post_init__(self):
         if self.kind not in KNOBS:
@@ -85,6 +91,8 @@ class Kernel:
         if self.split_k != 1 and not (self.kind == "gemm" and 2 <= self.split_k <= MAX_SPLIT_K and not self.batched
                                       and not self.tri and not self.vectors and self.epilogue == "out = acc"):
             raise TunableError(f"split_k={self.split_k}: 2..{MAX_SPLIT_K}, for a plain unbatched product only")
+        if (self.reverse or self.exclusive or self.masked) and not (self.kind == "rownorm" and self.op in SCAN_OPS):
+            raise TunableError(f"reverse, exclusive and masked are for the scans {SCAN_OPS} only")
 
     def key(self) -> str:
         """A stable identity of the generated code (kind, dtype, then a hash of the rest; a field at the
@@ -105,7 +113,7 @@ class Kernel:
         return cls(**d)
 
 
-_LATER_FIELDS = ("a_trans", "batched", "tri", "tri_diag", "split_k")  # added after keys were first stored
+_LATER_FIELDS = ("a_trans", "batched", "tri", "tri_diag", "split_k", "reverse", "exclusive", "masked")  # added after keys were first stored
 
 
 @dataclass
@@ -113,7 +121,7 @@ class Match:
     """A kernel found in a task: the Kernel, its shape, and the expressions ModelNew passes it.
     gemm bindings: `a`, `b` (2-D operands, possibly transposed views), `vectors` (one expression per
     v_i), `lead` (the input whose leading dimensions the output keeps, for a Linear on an N-D input).
-    rownorm bindings: `x`, optional `weight`, `bias`."""
+    rownorm bindings: `x`, optional `weight`, `bias`, `mask` (a masked scan)."""
     kernel: Kernel
     shape: dict
     bindings: dict = field(default_factory=dict)
@@ -130,7 +138,8 @@ def describe(match: Match) -> str:
     """One line for people: the template, its dtype and layout, and the size."""
     k, s = match.kernel, match.shape
     if k.kind == "rownorm":
-        return f"row {k.op} ({k.dtype}), {s['rows']} rows of {s['cols']}"
+        how = [w for on, w in ((k.reverse, "reverse"), (k.exclusive, "exclusive"), (k.masked, "masked")) if on]
+        return f"row {' '.join(how + [k.op])} ({k.dtype}), {s['rows']} rows of {s['cols']}"
     words = [w for on, w in ((k.a_trans, "A transposed"), (k.b_trans, "B transposed"), (k.batched, "batched"),
                              (k.split_k > 1, f"K in {k.split_k} ranges")) if on]
     if k.tri:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 
+from kernelcraft.search.recipes import rowscan
 from kernelcraft.search.recipes.fxrules import _torch
 from kernelcraft.search.recipes.gemmparts import (_arg, _dt, _is_fn, _meta, gemm_epilogue, gemm_kernel, gemm_size,
                                                   product_of)
@@ -39,7 +40,7 @@ def match(gm, model) -> list[Match]:
     out = _output(gm)
     if out is None or _meta(out) is None:
         return []
-    for finder in (_match_gemm, _match_rownorm):
+    for finder in (_match_gemm, _match_rownorm, rowscan.match_scan):
         try:
             m = finder(gm, model, out)
         except (AttributeError, TypeError, ValueError, KeyError, IndexError):

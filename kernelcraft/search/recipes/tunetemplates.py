@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 
-from kernelcraft.search.recipes import tunable
+from kernelcraft.search.recipes import rowscan, tunable
 from kernelcraft.search.recipes.render import reference_parts
 
 HEADER = "import torch\nimport triton\nimport triton.language as tl\n"
@@ -313,7 +313,10 @@ def _kc_run(x, params, config):
 
 def kernel_module(kernel: tunable.Kernel) -> str:
     """A Python module: the Triton kernel, `_kc_launch` and `_kc_run(operands..., config)`."""
-    body = _gemm(kernel) if kernel.kind == "gemm" else _rownorm(kernel)
+    if kernel.kind == "gemm":
+        body = _gemm(kernel)
+    else:
+        body = rowscan.source(kernel) if kernel.op in tunable.SCAN_OPS else _rownorm(kernel)
     return f"# kernelcraft tunable template: {kernel.key()}\n{HEADER}\n{body.strip()}\n"
 
 
@@ -323,6 +326,8 @@ def forward_call(match: tunable.Match) -> str:
     if match.kernel.kind == "gemm":
         vecs = "".join(f"{v}, " for v in b.get("vectors", []))
         return f"_kc_run({b['a']}, {b['b']}, ({vecs}), _KC_CONFIG)"
+    if match.kernel.op in tunable.SCAN_OPS:
+        return rowscan.forward_call(match)
     params = "".join(f"{b[k]}, " for k in ("weight", "bias") if b.get(k))
     return f"_kc_run({b['x']}, ({params}), _KC_CONFIG)"
 
