@@ -14,7 +14,7 @@ import operator
 import textwrap
 
 from kernelcraft.search.recipes.fxrules import _torch
-from kernelcraft.search.recipes.gemmparts import _arg, _dt, _is_fn, _meta
+from kernelcraft.search.recipes.gemmparts import _arg, _dt, _is_fn, _last_dim, _meta
 from kernelcraft.search.recipes.tunable import SCAN_OPS, Kernel, Match
 
 IDENTITY = {"cumsum": "0.0", "cumprod": "1.0"}
@@ -99,17 +99,11 @@ def forward_call(match: Match) -> str:
 
 # ---- the FX match ----------------------------------------------------------------------------------
 
-def _last(d, rank: int) -> bool:
-    if isinstance(d, (list, tuple)):
-        d = d[0] if len(d) == 1 else None
-    return isinstance(d, int) and d in (-1, rank - 1)
-
-
 def _scan_node(n, rank: int):
     """(op, its input) for cumsum/cumprod along the last dim without a dtype change, else None."""
     torch = _torch()
     for op in SCAN_OPS:
-        if _is_fn(n, (getattr(torch, op),), (op,)) and _last(_arg(n, 1, "dim"), rank) \
+        if _is_fn(n, (getattr(torch, op),), (op,)) and _last_dim(_arg(n, 1, "dim"), rank) \
                 and _arg(n, 2, "dtype") is None and hasattr(n.args[0], "op"):
             return op, n.args[0]
     return None
@@ -124,17 +118,17 @@ def _flip_of(n, rank: int):
         dims = tuple(n.args[1:])
     else:
         dims = _arg(n, 1, "dims")
-    return n.args[0] if _last(dims, rank) else None
+    return n.args[0] if _last_dim(dims, rank) else None
 
 
-def _all_but_last(n, x, rank: int, cols: int) -> bool:
+def _all_but_last_dim(n, x, rank: int, cols: int) -> bool:
     """n is x without its last column: `x.narrow(d, 0, x.size(d) - 1)`, `x[..., :-1]` or `x[:, :N-1]`."""
     torch = _torch()
     m = _meta(n)
     if m is None or tuple(m.shape) != tuple(_meta(x).shape[:-1]) + (cols - 1,):
         return False
     if _is_fn(n, (torch.narrow,), ("narrow",)) and n.args[0] is x:
-        return _last(_arg(n, 1, "dim"), rank) and _arg(n, 2, "start") == 0
+        return _last_dim(_arg(n, 1, "dim"), rank) and _arg(n, 2, "start") == 0
     if _is_fn(n, (operator.getitem,)) and n.args[0] is x and isinstance(n.args[1], tuple):
         idx = list(n.args[1])
         last = idx[-1]
@@ -172,7 +166,7 @@ def match_scan(gm, model, out) -> Match | None:
     if inner is not None:
         reverse, core = True, inner
     torch = _torch()
-    if _is_fn(core, (torch.cat,)) and not reverse and _last(_arg(core, 1, "dim", 0), rank) \
+    if _is_fn(core, (torch.cat,)) and not reverse and _last_dim(_arg(core, 1, "dim", 0), rank) \
             and isinstance(core.args[0], (list, tuple)) and len(core.args[0]) == 2:
         zeros, core = core.args[0]
         if not hasattr(zeros, "op") or not hasattr(core, "op") or not _zeros_column(zeros, x, cols):
@@ -183,7 +177,7 @@ def match_scan(gm, model, out) -> Match | None:
         return None
     op, src = found
     if exclusive:
-        if not _all_but_last(src, x, rank, cols):
+        if not _all_but_last_dim(src, x, rank, cols):
             return None
         src = x
     if reverse:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 
-from kernelcraft.search.recipes import rowscan, tunable
+from kernelcraft.search.recipes import rownorm, rowscan, tunable
 from kernelcraft.search.recipes.render import reference_parts
 
 HEADER = "import torch\nimport triton\nimport triton.language as tl\n"
@@ -186,137 +186,12 @@ def _kc_launch(a, b, vectors, out, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps
     return body
 
 
-# ---- row reductions and norms ---------------------------------------------------------------------
-
-def _row_parts(kernel: tunable.Kernel) -> tuple[str, str, str]:
-    """(one-tile body, looped statistics, looped output expression) for the row op."""
-    eps = repr(float(kernel.eps))
-    op = kernel.op
-    if op in ("softmax", "log_softmax"):
-        out = "e / s" if op == "softmax" else "(x - m) - tl.log(s)"
-        one = f'''
-x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
-m = tl.max(x, 0)
-e = tl.exp(x - m)
-s = tl.sum(e, 0)
-y = {out}'''
-        stats = '''
-m_vec = tl.full([BLOCK_N], -float("inf"), tl.float32)
-s_vec = tl.zeros([BLOCK_N], dtype=tl.float32)
-for off in range(0, N, BLOCK_N):
-    c = off + cols
-    x = tl.load(x_row + c, mask=c < N, other=-float("inf")).to(tl.float32)
-    m_new = tl.maximum(m_vec, x)
-    s_vec = s_vec * tl.exp(m_vec - m_new) + tl.exp(x - m_new)
-    m_vec = m_new
-m = tl.max(m_vec, 0)
-s = tl.sum(s_vec * tl.exp(m_vec - m), 0)'''
-        loop_out = "tl.exp(x - m) / s" if op == "softmax" else "(x - m) - tl.log(s)"
-        return one, stats, loop_out
-    if op == "layernorm":
-        one = f'''
-x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-mean = tl.sum(x, 0) / N
-d = tl.where(mask, x - mean, 0.0)
-rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / N + {eps})
-y = d * rstd'''
-        stats = f'''
-acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-for off in range(0, N, BLOCK_N):
-    c = off + cols
-    acc += tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
-mean = tl.sum(acc, 0) / N
-acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-for off in range(0, N, BLOCK_N):
-    c = off + cols
-    x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
-    d = tl.where(c < N, x - mean, 0.0)
-    acc += d * d
-rstd = 1.0 / tl.sqrt(tl.sum(acc, 0) / N + {eps})'''
-        return one, stats, "(x - mean) * rstd"
-    # sum-based norms: one statistic, then x scaled by it
-    reduce_expr, scale = {
-        "rmsnorm": ("x * x", f"1.0 / tl.sqrt(r / N + {eps})"),
-        "l2norm": ("x * x", f"1.0 / tl.maximum(tl.sqrt(r), {eps})"),
-        "l1norm_mean": ("tl.abs(x)", "1.0 / (r / N)"),
-    }[op]
-    one = f'''
-x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-r = tl.sum({reduce_expr}, 0)
-inv = {scale}
-y = x * inv'''
-    stats = f'''
-acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-for off in range(0, N, BLOCK_N):
-    c = off + cols
-    x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
-    acc += {reduce_expr}
-r = tl.sum(acc, 0)
-inv = {scale}'''
-    return one, stats, "x * inv"
-
-
-def _rownorm(kernel: tunable.Kernel) -> str:
-    one, stats, loop_out = _row_parts(kernel)
-    ptrs = "".join(p for p, on in (("w_ptr, ", kernel.weight), ("b_ptr, ", kernel.bias)) if on)
-
-    def affine(mask: str, c: str) -> str:
-        lines = []
-        if kernel.weight:
-            lines.append(f"y = y * tl.load(w_ptr + {c}, mask={mask}, other=0.0).to(tl.float32)")
-        if kernel.bias:
-            lines.append(f"y = y + tl.load(b_ptr + {c}, mask={mask}, other=0.0).to(tl.float32)")
-        return "\n".join(lines)
-    load_out = "x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)"
-    store = "tl.store(y_row + {c}, y.to(y_ptr.dtype.element_ty), mask={m})"
-    one_tile = one.strip("\n") + "\n" + affine("mask", "cols") + "\n" + store.format(c="cols", m="mask")
-    loop_write = (f"for off in range(0, N, BLOCK_N):\n    c = off + cols\n    {load_out}\n    y = {loop_out}\n"
-                  + _indent(affine("c < N", "c"), 4) + "\n    " + store.format(c="c", m="c < N"))
-    names = ", ".join(n for n, on in (("weight", kernel.weight), ("bias", kernel.bias)) if on)
-    return f'''
-@triton.jit
-def _kc_row_kernel(x_ptr, y_ptr, {ptrs}stride_x, stride_y, N: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    y_row = y_ptr + row * stride_y
-    cols = tl.arange(0, BLOCK_N)
-    if BLOCK_N >= N:
-        mask = cols < N
-{_indent(one_tile, 8)}
-    else:
-{_indent(stats, 8)}
-{_indent(loop_write, 8)}
-
-
-def _kc_launch(x, y, params, BLOCK_N, num_warps, num_stages):
-    """(grid, positional arguments, compile-time options) of one launch; reads shapes and strides only."""
-    rows, N = x.shape
-    if x.stride(1) != 1 or y.stride(1) != 1 or len(params) != {int(kernel.weight) + int(kernel.bias)}:
-        raise ValueError("kernelcraft rownorm: operands do not fit this kernel")
-    return (rows,), (x, y, *params, x.stride(0), y.stride(0)), dict(N=N, BLOCK_N=BLOCK_N, num_warps=num_warps,
-                                                                     num_stages=num_stages)
-
-
-def _kc_run(x, params, config):
-    """The row op over the last dimension of x{f" (affine: {names})" if names else ""}."""
-    shape = x.shape
-    x = x.reshape(-1, shape[-1])
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-    params = tuple(p.reshape(-1).contiguous() for p in params)
-    grid, args, meta = _kc_launch(x, y, params, **config)
-    _kc_row_kernel[grid](*args, **meta)
-    return y.reshape(shape)
-'''
-
-
 def kernel_module(kernel: tunable.Kernel) -> str:
     """A Python module: the Triton kernel, `_kc_launch` and `_kc_run(operands..., config)`."""
     if kernel.kind == "gemm":
         body = _gemm(kernel)
     else:
-        body = rowscan.source(kernel) if kernel.op in tunable.SCAN_OPS else _rownorm(kernel)
+        body = rowscan.source(kernel) if kernel.op in tunable.SCAN_OPS else rownorm.source(kernel)
     return f"# kernelcraft tunable template: {kernel.key()}\n{HEADER}\n{body.strip()}\n"
 
 
@@ -326,10 +201,7 @@ def forward_call(match: tunable.Match) -> str:
     if match.kernel.kind == "gemm":
         vecs = "".join(f"{v}, " for v in b.get("vectors", []))
         return f"_kc_run({b['a']}, {b['b']}, ({vecs}), _KC_CONFIG)"
-    if match.kernel.op in tunable.SCAN_OPS:
-        return rowscan.forward_call(match)
-    params = "".join(f"{b[k]}, " for k in ("weight", "bias") if b.get(k))
-    return f"_kc_run({b['x']}, ({params}), _KC_CONFIG)"
+    return (rowscan if match.kernel.op in tunable.SCAN_OPS else rownorm).forward_call(match)
 
 
 def runner_source(task_source: str, match: tunable.Match) -> str:
