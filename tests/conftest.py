@@ -101,6 +101,8 @@ QUICK = {
                        "test_report_cli_and_errors"],
     "test_reward_load.py": ["test_bad_input_is_a_one_line_error",
                             "test_draws_are_seeded_with_replacement_and_every_text_distinct"],
+    "test_row_norms.py": ["test_grouped_and_long_norms_match", "test_near_grouped_norms_are_not_matched",
+                          "test_groups_are_for_layernorm_only"],
     "test_row_scans.py": ["test_scans_are_the_row_template", "test_near_scans_are_not_matched",
                           "test_scan_flags_are_for_scans_only_and_keep_older_keys"],
     "test_rundb.py": ["test_add_dedup_and_lifecycle", "test_in_flight_rows_survive_reopen_and_are_requeued",

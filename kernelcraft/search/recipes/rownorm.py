@@ -4,7 +4,7 @@ A row is the last dimension (softmax, log-softmax, LayerNorm, RMSNorm, L2/L1 nor
 norm (`Kernel.groups`: GroupNorm, InstanceNorm), the channels of one group and their positions: x (B, C, ...)
 read as B*groups rows, with the affine weight and bias per channel. One program per row; the row stays in
 registers when one BLOCK_N tile covers it, otherwise its statistics are gathered in one pass (LayerNorm's by
-Welford's update per lane, combined across lanes) and a second pass writes.
+Welford's update per lane, the lanes then combined exactly) and a second pass writes.
 Invariants: a match covers the whole forward of one input; anything unrecognised is no match.
 Rationale: docs/design/recipes.md#rownorm
 """
@@ -23,6 +23,8 @@ def _indent(text: str, n: int) -> str:
 
 
 # ---- the Triton source -----------------------------------------------------------------------------
+
+_GROUP_ARGS = "groups = (params[0].numel() // {g}, N // (params[0].numel() // {g}))  # channels per group, positions"
 
 def _row_parts(kernel: Kernel) -> tuple[str, str, str]:
     """(one-tile body, looped statistics, looped output expression) for the row op."""
@@ -57,18 +59,21 @@ d = tl.where(mask, x - mean, 0.0)
 rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / N + {eps})
 y = d * rstd'''
         stats = f'''
-acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+m_vec = tl.zeros([BLOCK_N], dtype=tl.float32)
+q_vec = tl.zeros([BLOCK_N], dtype=tl.float32)
+n_vec = tl.zeros([BLOCK_N], dtype=tl.float32)
 for off in range(0, N, BLOCK_N):
     c = off + cols
-    acc += tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
-mean = tl.sum(acc, 0) / N
-acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-for off in range(0, N, BLOCK_N):
-    c = off + cols
-    x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
-    d = tl.where(c < N, x - mean, 0.0)
-    acc += d * d
-rstd = 1.0 / tl.sqrt(tl.sum(acc, 0) / N + {eps})'''
+    live = c < N
+    x = tl.load(x_row + c, mask=live, other=0.0).to(tl.float32)
+    n_vec += tl.where(live, 1.0, 0.0)
+    d = tl.where(live, x - m_vec, 0.0)
+    m_vec += d / tl.maximum(n_vec, 1.0)
+    q_vec += d * tl.where(live, x - m_vec, 0.0)
+mean = tl.sum(m_vec * n_vec, 0) / N  # the lanes' (count, mean, squared deviations) combined exactly
+dm = m_vec - mean
+q = tl.sum(q_vec + n_vec * dm * dm, 0)
+rstd = 1.0 / tl.sqrt(q / N + {eps})'''
         return one, stats, "(x - mean) * rstd"
     # sum-based norms: one statistic, then x scaled by it
     reduce_expr, scale = {
@@ -96,12 +101,15 @@ def source(kernel: Kernel) -> str:
     one, stats, loop_out = _row_parts(kernel)
     ptrs = "".join(p for p, on in (("w_ptr, ", kernel.weight), ("b_ptr, ", kernel.bias)) if on)
 
+    grouped = kernel.groups and (kernel.weight or kernel.bias)  # the affine is per channel, not per column
+
     def affine(mask: str, c: str) -> str:
-        lines = []
+        lines = [f"ch = (row % {kernel.groups}) * CPG + {c} // S"] if grouped else []
+        at = "ch" if grouped else c
         if kernel.weight:
-            lines.append(f"y = y * tl.load(w_ptr + {c}, mask={mask}, other=0.0).to(tl.float32)")
+            lines.append(f"y = y * tl.load(w_ptr + {at}, mask={mask}, other=0.0).to(tl.float32)")
         if kernel.bias:
-            lines.append(f"y = y + tl.load(b_ptr + {c}, mask={mask}, other=0.0).to(tl.float32)")
+            lines.append(f"y = y + tl.load(b_ptr + {at}, mask={mask}, other=0.0).to(tl.float32)")
         return "\n".join(lines)
     load_out = "x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)"
     store = "tl.store(y_row + {c}, y.to(y_ptr.dtype.element_ty), mask={m})"
@@ -109,9 +117,12 @@ def source(kernel: Kernel) -> str:
     loop_write = (f"for off in range(0, N, BLOCK_N):\n    c = off + cols\n    {load_out}\n    y = {loop_out}\n"
                   + _indent(affine("c < N", "c"), 4) + "\n    " + store.format(c="c", m="c < N"))
     names = ", ".join(n for n, on in (("weight", kernel.weight), ("bias", kernel.bias)) if on)
+    what = (f"The norm of x (batch, channels, ...) over {kernel.groups} groups of channels per sample" if kernel.groups
+            else "The row op over the last dimension of x")
+    group_args = "CPG, S, " if grouped else ""
     return f'''
 @triton.jit
-def _kc_row_kernel(x_ptr, y_ptr, {ptrs}stride_x, stride_y, N: tl.constexpr, BLOCK_N: tl.constexpr):
+def _kc_row_kernel(x_ptr, y_ptr, {ptrs}stride_x, stride_y, {group_args}N: tl.constexpr, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
@@ -129,14 +140,15 @@ def _kc_launch(x, y, params, BLOCK_N, num_warps, num_stages):
     rows, N = x.shape
     if x.stride(1) != 1 or y.stride(1) != 1 or len(params) != {int(kernel.weight) + int(kernel.bias)}:
         raise ValueError("kernelcraft rownorm: operands do not fit this kernel")
-    return (rows,), (x, y, *params, x.stride(0), y.stride(0)), dict(N=N, BLOCK_N=BLOCK_N, num_warps=num_warps,
-                                                                     num_stages=num_stages)
+    {_GROUP_ARGS.format(g=kernel.groups) if grouped else "groups = ()"}
+    return (rows,), (x, y, *params, x.stride(0), y.stride(0), *groups), dict(N=N, BLOCK_N=BLOCK_N,
+                                                                              num_warps=num_warps, num_stages=num_stages)
 
 
 def _kc_run(x, params, config):
-    """The row op over the last dimension of x{f" (affine: {names})" if names else ""}."""
+    """{what}{f" (affine: {names})" if names else ""}."""
     shape = x.shape
-    x = x.reshape(-1, shape[-1])
+    x = x.reshape({f"shape[0] * {kernel.groups}, -1" if kernel.groups else "-1, shape[-1]"})
     if x.stride(-1) != 1:
         x = x.contiguous()
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
@@ -260,13 +272,46 @@ def match_norm(gm, model, out) -> Match | None:
     dtype, shape = _dt(x), tuple(int(d) for d in _meta(x).shape)
     if dtype is None or len(shape) < 2 or _dt(out) != dtype or tuple(_meta(out).shape) != shape:
         return None
-    found = _row_op(gm, model, out, x, len(shape))
-    if found is None:
-        return None
-    op, eps, w, b = found
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
-    kernel = Kernel("rownorm", dtype, op=op, eps=eps, weight=w is not None, bias=b is not None)
+    groups = 0
+    found = _grouped_norm(gm, out, x, shape)
+    if found is not None:
+        groups, eps, w, b = found
+        op, rows = "layernorm", shape[0] * groups
+    else:
+        found = _row_op(gm, model, out, x, len(shape))
+        if found is None:
+            return None
+        op, eps, w, b = found
+        rows = 1
+        for d in shape[:-1]:
+            rows *= d
+    total = 1
+    for d in shape:
+        total *= d
+    kernel = Kernel("rownorm", dtype, op=op, eps=eps, weight=w is not None, bias=b is not None, groups=groups)
     binds = {"x": x.target, **({"weight": w} if w else {}), **({"bias": b} if b else {})}
-    return Match(kernel, {"rows": rows, "cols": shape[-1]}, binds)
+    return Match(kernel, {"rows": rows, "cols": total // rows}, binds)
+
+
+def _grouped_norm(gm, out, x, shape):
+    """(groups, eps, weight expr, bias expr) when `out` is nn.GroupNorm or nn.InstanceNorm1d/2d/3d of x
+    (batch statistics only: an InstanceNorm that tracks running statistics is left alone), else None."""
+    torch = _torch()
+    if out.op != "call_module" or out.args[0] is not x or len(out.args) != 1 or len(shape) < 2:
+        return None
+    mod = gm.get_submodule(out.target)
+    path = _attr_expr(out.target)
+    if isinstance(mod, torch.nn.GroupNorm):
+        groups, affine = mod.num_groups, mod.affine
+        if shape[1] != mod.num_channels or shape[1] % groups:
+            return None
+    elif isinstance(mod, (torch.nn.InstanceNorm1d, torch.nn.InstanceNorm2d, torch.nn.InstanceNorm3d)):
+        spatial = {torch.nn.InstanceNorm1d: 1, torch.nn.InstanceNorm2d: 2, torch.nn.InstanceNorm3d: 3}[type(mod)]
+        if mod.track_running_stats or len(shape) != spatial + 2 or (mod.affine and shape[1] != mod.num_features):
+            return None
+        groups, affine = shape[1], mod.affine
+    else:
+        return None
+    if affine:
+        return groups, float(mod.eps), f"{path}.weight", f"{path}.bias"
+    return groups, float(mod.eps), None, None

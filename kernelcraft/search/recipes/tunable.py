@@ -60,7 +60,9 @@ class Kernel:
     and tiles wholly outside it never compute their product; `split_k` > 1, K cut into that many ranges
     computed apart and summed (a plain product only: few output tiles, a long K). rownorm: `op`, `eps`,
     `weight`, `bias`; a scan op (`SCAN_OPS`) also `reverse` (from the last element), `exclusive` (each
-    output leaves its own element out) and `masked` (the scan of x * mask, a second input of x's shape)."""
+    output leaves its own element out) and `masked` (the scan of x * mask, a second input of x's shape); a
+    layernorm `groups` > 0, x (B, C, ...) normalised per sample over each of that many groups of channels
+    (GroupNorm; InstanceNorm is one channel per group), `weight` and `bias` per channel."""
     kind: str
     dtype: str
     epilogue: str = "out = acc"
@@ -78,6 +80,7 @@ class Kernel:
     reverse: bool = False
     exclusive: bool = False
     masked: bool = False
+    groups: int = 0
 
     def __post_init__(self):
         if self.kind not in KNOBS:
@@ -93,6 +96,8 @@ class Kernel:
             raise TunableError(f"split_k={self.split_k}: 2..{MAX_SPLIT_K}, for a plain unbatched product only")
         if (self.reverse or self.exclusive or self.masked) and not (self.kind == "rownorm" and self.op in SCAN_OPS):
             raise TunableError(f"reverse, exclusive and masked are for the scans {SCAN_OPS} only")
+        if self.groups and not (self.kind == "rownorm" and self.op == "layernorm" and self.groups > 0):
+            raise TunableError(f"groups={self.groups}: a positive count, for a grouped layernorm only")
 
     def key(self) -> str:
         """A stable identity of the generated code (kind, dtype, then a hash of the rest; a field at the
@@ -113,7 +118,7 @@ class Kernel:
         return cls(**d)
 
 
-_LATER_FIELDS = ("a_trans", "batched", "tri", "tri_diag", "split_k", "reverse", "exclusive", "masked")  # added after keys were first stored
+_LATER_FIELDS = ("a_trans", "batched", "tri", "tri_diag", "split_k", "reverse", "exclusive", "masked", "groups")  # added after keys were first stored
 
 
 @dataclass
@@ -139,6 +144,9 @@ def describe(match: Match) -> str:
     k, s = match.kernel, match.shape
     if k.kind == "rownorm":
         how = [w for on, w in ((k.reverse, "reverse"), (k.exclusive, "exclusive"), (k.masked, "masked")) if on]
+        if k.groups:
+            return (f"group norm ({k.dtype}, {k.groups} groups of channels per sample), {s['rows']} rows of "
+                    f"{s['cols']}")
         return f"row {' '.join(how + [k.op])} ({k.dtype}), {s['rows']} rows of {s['cols']}"
     words = [w for on, w in ((k.a_trans, "A transposed"), (k.b_trans, "B transposed"), (k.batched, "batched"),
                              (k.split_k > 1, f"K in {k.split_k} ranges")) if on]
