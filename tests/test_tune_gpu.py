@@ -99,7 +99,7 @@ def test_candidate_source_matches_the_fast_path(gemm):
 @pytest.mark.parametrize("name", ["gemm_bmm", "gemm_einsum_4d", "gemm_transposed_both", "gemm_triu", "gemm_tril",
                                   "gemm_split_k", "gemm_einsum_bt", "scan_cumsum_reverse", "scan_cumsum_exclusive",
                                   "scan_cumsum_masked", "scan_cumprod", "norm_group_affine", "norm_instance_3d",
-                                  "norm_layer_long_row"])
+                                  "norm_layer_long_row", "norm_channels_rms", "norm_channels_softmax"])
 def test_the_template_variants_are_correct_on_gpu(name, cache_dir):
     """Each layout of the GEMM template (tests/test_tune_gemm_variants.py), each scan and grouped or long-row
     norm of the row template (tests/test_row_scans.py, tests/test_row_norms.py) at its default configuration and at the smallest blocks, judged like any

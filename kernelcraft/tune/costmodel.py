@@ -77,7 +77,7 @@ def featurize(kernel: tunable.Kernel, shape: dict, config: dict, features: dict 
     else:
         rows, cols = shape["rows"], shape["cols"]
         bn, w = config["BLOCK_N"], config["num_warps"]
-        one = bn >= cols
+        one = bn >= cols or kernel.channels
         passes = 1 if one or kernel.op in tunable.SCAN_OPS else 2
         row = [_log2(rows), _log2(cols), nb, float(kernel.weight), float(kernel.bias)] + \
               [float(kernel.op == o) for o in tunable.ROW_OPS] + \

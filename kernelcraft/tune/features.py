@@ -87,6 +87,8 @@ def meta_operands(kernel: tunable.Kernel, shape: dict):
     if kernel.op in tunable.SCAN_OPS:  # x, y, the mask (as the launcher reads a bool one: bytes) or None
         mask = torch.empty(rows, cols, device="meta", dtype=torch.uint8) if kernel.masked else None
         return (torch.empty(rows, cols, **e), torch.empty(rows, cols, **e), mask)
+    if kernel.channels:  # x (B, C, positions): one sample of every position
+        return (torch.empty(1, cols, rows, **e), torch.empty(1, cols, rows, **e), ())
     per = kernel.groups or cols  # a grouped norm's affine is per channel: one channel per group stands for any
     params = tuple(torch.empty(per, **e) for on in (kernel.weight, kernel.bias) if on)
     return (torch.empty(rows, cols, **e), torch.empty(rows, cols, **e), params)

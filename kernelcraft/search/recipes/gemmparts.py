@@ -3,7 +3,7 @@ product (`product_of`: `nn.Linear`, `F.linear`, matmul/mm/bmm/`@`, a matrix-prod
 epilogue after it (`gemm_epilogue`, one op at a time by `epilogue_step`; a triu/tril only last), the template
 shape and the `Kernel`. Shared by `tunematch` (a whole forward is one instance) and `gemmsplice` (GEMM regions
 inside a larger forward), which differ only in which operands they accept and how they pass them; and the
-FX-reading helpers every template matcher shares (`_meta`, `_dt`, `_arg`, `_is_fn`, `_last_dim`, `_attr_expr`).
+FX-reading helpers every template matcher shares (`_meta`, `_dt`, `_arg`, `_is_fn`, `_dim_is`, `_attr_expr`).
 Rationale: docs/design/recipes.md#tunematch
 """
 from __future__ import annotations
@@ -40,11 +40,15 @@ def _is_fn(n, fns=(), methods=()):
     return (n.op == "call_function" and n.target in fns) or (n.op == "call_method" and n.target in methods)
 
 
-def _last_dim(dim, rank: int) -> bool:
-    """`dim` (an int or a one-element list/tuple) names the last of `rank` dimensions."""
+def _dim_is(dim, rank: int, axis: int) -> bool:
+    """`dim` (an int or a one-element list/tuple) names dimension `axis` of `rank` dimensions."""
     if isinstance(dim, (list, tuple)):
         dim = dim[0] if len(dim) == 1 else None
-    return isinstance(dim, int) and dim in (-1, rank - 1)
+    return isinstance(dim, int) and not isinstance(dim, bool) and -rank <= dim < rank and dim % rank == axis
+
+
+def _last_dim(dim, rank: int) -> bool:
+    return _dim_is(dim, rank, rank - 1)
 
 
 def _attr_expr(target: str) -> str:

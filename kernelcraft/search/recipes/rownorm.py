@@ -14,8 +14,8 @@ import operator
 import textwrap
 
 from kernelcraft.search.recipes.fxrules import _torch
-from kernelcraft.search.recipes.gemmparts import _arg, _attr_expr, _dt, _is_fn, _last_dim, _meta
-from kernelcraft.search.recipes.tunable import Kernel, Match
+from kernelcraft.search.recipes.gemmparts import _arg, _attr_expr, _dim_is, _dt, _is_fn, _meta
+from kernelcraft.search.recipes.tunable import KNOBS, MIN_POSITIONS, Kernel, Match, _np2
 
 
 def _indent(text: str, n: int) -> str:
@@ -98,6 +98,8 @@ inv = {scale}'''
 
 
 def source(kernel: Kernel) -> str:
+    if kernel.channels:
+        return _channel_source(kernel)
     one, stats, loop_out = _row_parts(kernel)
     ptrs = "".join(p for p, on in (("w_ptr, ", kernel.weight), ("b_ptr, ", kernel.bias)) if on)
 
@@ -159,6 +161,52 @@ def _kc_run(x, params, config):
 '''
 
 
+def _channel_source(kernel: Kernel) -> str:
+    """The op over dimension 1 of x (B, C, positions): a program is one tile of all C channels by BLOCK_N / C
+    consecutive positions of one sample (contiguous loads along the positions), reduced over the channels
+    with the row op's one-tile body (its reductions over axis 0 give one statistic per position)."""
+    one, _, _ = _row_parts(kernel)
+    store = "tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)"
+    return f'''
+@triton.jit
+def _kc_row_kernel(x_ptr, y_ptr, S, blocks_s, stride_b, N: tl.constexpr, BLOCK_C: tl.constexpr,
+                   BLOCK_S: tl.constexpr):
+    pid = tl.program_id(0)
+    sample = (pid // blocks_s).to(tl.int64)
+    pos = (pid % blocks_s) * BLOCK_S + tl.arange(0, BLOCK_S)
+    ch = tl.arange(0, BLOCK_C)
+    x_row = x_ptr + sample * stride_b
+    y_row = y_ptr + sample * stride_b
+    cols = ch[:, None] * S + pos[None, :]
+    mask = (ch[:, None] < N) & (pos[None, :] < S)
+{_indent(one.strip(chr(10)) + chr(10) + store, 4)}
+
+
+def _kc_launch(x, y, params, BLOCK_N, num_warps, num_stages):
+    """(grid, positional arguments, compile-time options) of one launch; reads shapes and strides only."""
+    B, C, S = x.shape
+    block_c = triton.next_power_of_2(C)
+    block_s = BLOCK_N // block_c
+    if not x.is_contiguous() or not y.is_contiguous() or params or block_s < 1 or C * S >= 2 ** 31:
+        raise ValueError("kernelcraft channel norm: operands do not fit this kernel")
+    blocks_s = triton.cdiv(S, block_s)
+    return (B * blocks_s,), (x, y, S, blocks_s, x.stride(0)), dict(N=C, BLOCK_C=block_c, BLOCK_S=block_s,
+                                                                    num_warps=num_warps, num_stages=num_stages)
+
+
+def _kc_run(x, params, config):
+    """The {kernel.op} over dimension 1 of x at each position."""
+    shape = x.shape
+    x = x.reshape(shape[0], shape[1], -1)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    grid, args, meta = _kc_launch(x, y, params, **config)
+    _kc_row_kernel[grid](*args, **meta)
+    return y.reshape(shape)
+'''
+
+
 def forward_call(match: Match) -> str:
     b = match.bindings
     params = "".join(f"{b[k]}, " for k in ("weight", "bias") if b.get(k))
@@ -167,11 +215,11 @@ def forward_call(match: Match) -> str:
 
 # ---- the FX match ----------------------------------------------------------------------------------
 
-def _mean_or_sum_last(n, x, rank):
-    """'mean' / 'sum' when n reduces x over the last dim with keepdim, else None."""
+def _mean_or_sum(n, x, rank, axis):
+    """'mean' / 'sum' when n reduces x over dimension `axis` with keepdim, else None."""
     torch = _torch()
     for kind, fns in (("mean", (torch.mean,)), ("sum", (torch.sum,))):
-        if _is_fn(n, fns, (kind,)) and n.args[0] is x and _last_dim(_arg(n, 1, "dim"), rank) \
+        if _is_fn(n, fns, (kind,)) and n.args[0] is x and _dim_is(_arg(n, 1, "dim"), rank, axis) \
                 and _arg(n, 2, "keepdim", False) is True:
             return kind
     return None
@@ -186,17 +234,24 @@ def _square_of(n, x) -> bool:
     return _is_fn(n, (torch.square,), ("square",)) and n.args[0] is x
 
 
-def _row_op(gm, model, out, x, rank):
-    """(op, eps, weight expr, bias expr) for the row op producing `out` from placeholder x."""
+def _row_op(gm, model, out, x, rank, axis):
+    """(op, eps, weight expr, bias expr) for the row op over dimension `axis` producing `out` from placeholder x
+    (LayerNorm and RMSNorm modules, and a weight, only over the last dimension)."""
     torch = _torch()
     F = torch.nn.functional
+    last = axis == rank - 1
+
+    def on_axis(dim) -> bool:
+        return _dim_is(dim, rank, axis)
     if out.op == "call_module":
         mod = gm.get_submodule(out.target)
         if out.args[0] is not x:
             return None
-        if isinstance(mod, (torch.nn.Softmax, torch.nn.LogSoftmax)) and _last_dim(mod.dim, rank):
+        if isinstance(mod, (torch.nn.Softmax, torch.nn.LogSoftmax)) and on_axis(mod.dim):
             return ("softmax" if isinstance(mod, torch.nn.Softmax) else "log_softmax"), 0.0, None, None
         path = _attr_expr(out.target)
+        if not last:
+            return None
         if isinstance(mod, torch.nn.LayerNorm) and len(mod.normalized_shape) == 1:
             w = f"{path}.weight" if mod.weight is not None else None
             return "layernorm", float(mod.eps), w, f"{path}.bias" if mod.bias is not None else None
@@ -206,24 +261,24 @@ def _row_op(gm, model, out, x, rank):
         return None
     for op, fns, meth in (("softmax", (torch.softmax, F.softmax), ("softmax",)),
                           ("log_softmax", (torch.log_softmax, F.log_softmax), ("log_softmax",))):
-        if _is_fn(out, fns, meth) and out.args[0] is x and _last_dim(_arg(out, 1, "dim"), rank) \
+        if _is_fn(out, fns, meth) and out.args[0] is x and on_axis(_arg(out, 1, "dim")) \
                 and _arg(out, 2, "dtype") is None and out.kwargs.get("dtype") is None:
             return op, 0.0, None, None
-    if _is_fn(out, (F.layer_norm, torch.layer_norm)) and out.args[0] is x:
+    if _is_fn(out, (F.layer_norm, torch.layer_norm)) and out.args[0] is x and last:
         ns, w, b = _arg(out, 1, "normalized_shape"), _arg(out, 2, "weight"), _arg(out, 3, "bias")
         if len(ns) != 1 or any(p is not None and p.op != "get_attr" for p in (w, b)):
             return None
         return ("layernorm", float(_arg(out, 4, "eps", 1e-5)), _attr_expr(w.target) if w is not None else None,
                 _attr_expr(b.target) if b is not None else None)
     if _is_fn(out, (F.normalize,)) and out.args[0] is x and _arg(out, 1, "p", 2.0) == 2 \
-            and _last_dim(_arg(out, 2, "dim", 1), rank):
+            and on_axis(_arg(out, 2, "dim", 1)):
         return "l2norm", float(_arg(out, 3, "eps", 1e-12)), None, None
     # written-out norms: [weight *] x (/ or *) f(stat)
     weight = None
     core = out
     if _is_fn(core, (operator.mul, torch.mul), ("mul",)):
         a, b = core.args[0], core.args[1]
-        if hasattr(b, "op") and b.op == "get_attr" and tuple(_meta(b).shape) == (_meta(x).shape[-1],):
+        if last and hasattr(b, "op") and b.op == "get_attr" and tuple(_meta(b).shape) == (_meta(x).shape[-1],):
             weight, core = _attr_expr(b.target), a
     if not _is_fn(core, (operator.truediv, torch.div, operator.mul, torch.mul), ("div", "mul")) or core.args[0] is not x:
         return None
@@ -243,7 +298,7 @@ def _row_op(gm, model, out, x, rank):
         if not _is_fn(inner, (operator.add, torch.add), ("add",)) or not isinstance(inner.args[1], (int, float)):
             return None
         red = inner.args[0]
-        if _mean_or_sum_last(red, red.args[0], rank) != "mean" or not _square_of(red.args[0], x):
+        if _mean_or_sum(red, red.args[0], rank, axis) != "mean" or not _square_of(red.args[0], x):
             return None
         return "rmsnorm", float(inner.args[1]), weight, None
     if weight is not None:
@@ -256,9 +311,9 @@ def _row_op(gm, model, out, x, rank):
         eps, s = float(lo), s.args[0]
     if _is_fn(s, (torch.linalg.vector_norm, torch.norm), ("norm",)) and s.args[0] is x \
             and _arg(s, 1, "ord" if s.target is torch.linalg.vector_norm else "p", 2) in (2, 2.0) \
-            and _last_dim(_arg(s, 2, "dim"), rank) and _arg(s, 3, "keepdim", False) is True:
+            and on_axis(_arg(s, 2, "dim")) and _arg(s, 3, "keepdim", False) is True:
         return "l2norm", eps, None, None
-    if eps == 0.0 and _mean_or_sum_last(s, s.args[0], rank) == "mean" and _is_fn(s.args[0], (torch.abs,), ("abs",)) \
+    if eps == 0.0 and _mean_or_sum(s, s.args[0], rank, axis) == "mean" and _is_fn(s.args[0], (torch.abs,), ("abs",)) \
             and s.args[0].args[0] is x:
         return "l1norm_mean", 0.0, None, None
     return None
@@ -277,18 +332,21 @@ def match_norm(gm, model, out) -> Match | None:
     if found is not None:
         groups, eps, w, b = found
         op, rows = "layernorm", shape[0] * groups
-    else:
-        found = _row_op(gm, model, out, x, len(shape))
-        if found is None:
-            return None
-        op, eps, w, b = found
-        rows = 1
-        for d in shape[:-1]:
-            rows *= d
     total = 1
     for d in shape:
         total *= d
-    kernel = Kernel("rownorm", dtype, op=op, eps=eps, weight=w is not None, bias=b is not None, groups=groups)
+    channels = False
+    if found is None:
+        found = _row_op(gm, model, out, x, len(shape), len(shape) - 1)
+        rows = total // shape[-1]
+        if found is None and len(shape) >= 3 and _np2(shape[1]) * MIN_POSITIONS <= max(KNOBS["rownorm"]["BLOCK_N"]):
+            found = _row_op(gm, model, out, x, len(shape), 1)  # over the channels of (B, C, ...)
+            rows, channels = total // shape[1], True
+        if found is None:
+            return None
+        op, eps, w, b = found
+    kernel = Kernel("rownorm", dtype, op=op, eps=eps, weight=w is not None, bias=b is not None, groups=groups,
+                    channels=channels)
     binds = {"x": x.target, **({"weight": w} if w else {}), **({"bias": b} if b else {})}
     return Match(kernel, {"rows": rows, "cols": total // rows}, binds)
 

@@ -121,7 +121,7 @@ def _flip_of(n, rank: int):
     return n.args[0] if _last_dim(dims, rank) else None
 
 
-def _all_but_last_dim(n, x, rank: int, cols: int) -> bool:
+def _all_but_last_column(n, x, rank: int, cols: int) -> bool:
     """n is x without its last column: `x.narrow(d, 0, x.size(d) - 1)`, `x[..., :-1]` or `x[:, :N-1]`."""
     torch = _torch()
     m = _meta(n)
@@ -177,7 +177,7 @@ def match_scan(gm, model, out) -> Match | None:
         return None
     op, src = found
     if exclusive:
-        if not _all_but_last_dim(src, x, rank, cols):
+        if not _all_but_last_column(src, x, rank, cols):
             return None
         src = x
     if reverse:

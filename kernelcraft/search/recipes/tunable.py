@@ -22,6 +22,7 @@ ROW_OPS = NORM_OPS + SCAN_OPS
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one block may use on sm_90
 MAX_ACC_PER_THREAD = 128  # fp32 accumulator values per thread before the tile spills
 MAX_ROW_PER_THREAD = 64  # row elements per thread a row kernel keeps in registers
+MIN_POSITIONS = 16  # positions a channel-norm tile spans at least (its loads are contiguous along them)
 
 KNOBS = {
     "gemm": {
@@ -62,7 +63,9 @@ class Kernel:
     `weight`, `bias`; a scan op (`SCAN_OPS`) also `reverse` (from the last element), `exclusive` (each
     output leaves its own element out) and `masked` (the scan of x * mask, a second input of x's shape); a
     layernorm `groups` > 0, x (B, C, ...) normalised per sample over each of that many groups of channels
-    (GroupNorm; InstanceNorm is one channel per group), `weight` and `bias` per channel."""
+    (GroupNorm; InstanceNorm is one channel per group), `weight` and `bias` per channel; `channels`, the op
+    over dimension 1 of x (B, C, ...) at each position (shape: rows = B x positions, cols = C), one tile of
+    all the channels by BLOCK_N / C positions."""
     kind: str
     dtype: str
     epilogue: str = "out = acc"
@@ -81,6 +84,7 @@ class Kernel:
     exclusive: bool = False
     masked: bool = False
     groups: int = 0
+    channels: bool = False
 
     def __post_init__(self):
         if self.kind not in KNOBS:
@@ -98,6 +102,9 @@ class Kernel:
             raise TunableError(f"reverse, exclusive and masked are for the scans {SCAN_OPS} only")
         if self.groups and not (self.kind == "rownorm" and self.op == "layernorm" and self.groups > 0):
             raise TunableError(f"groups={self.groups}: a positive count, for a grouped layernorm only")
+        if self.channels and not (self.kind == "rownorm" and self.op in NORM_OPS and self.op != "layernorm"
+                                  and not (self.weight or self.bias or self.groups)):
+            raise TunableError("channels: a norm without affine over dimension 1 (not layernorm, not grouped)")
 
     def key(self) -> str:
         """A stable identity of the generated code (kind, dtype, then a hash of the rest; a field at the
@@ -118,7 +125,8 @@ class Kernel:
         return cls(**d)
 
 
-_LATER_FIELDS = ("a_trans", "batched", "tri", "tri_diag", "split_k", "reverse", "exclusive", "masked", "groups")  # added after keys were first stored
+_LATER_FIELDS = ("a_trans", "batched", "tri", "tri_diag", "split_k", "reverse", "exclusive", "masked", "groups",
+                 "channels")  # added after keys were first stored
 
 
 @dataclass
@@ -144,6 +152,8 @@ def describe(match: Match) -> str:
     k, s = match.kernel, match.shape
     if k.kind == "rownorm":
         how = [w for on, w in ((k.reverse, "reverse"), (k.exclusive, "exclusive"), (k.masked, "masked")) if on]
+        if k.channels:
+            return f"{k.op} over the channels ({k.dtype}), {s['rows']} positions of {s['cols']} channels"
         if k.groups:
             return (f"group norm ({k.dtype}, {k.groups} groups of channels per sample), {s['rows']} rows of "
                     f"{s['cols']}")
@@ -215,6 +225,14 @@ def why_invalid(kernel: Kernel, shape: dict, config: dict) -> str | None:
             return "one row of tiles: grouping changes nothing"
         return None
     bn, warps, cols = config["BLOCK_N"], config["num_warps"], shape["cols"]
+    if kernel.channels:  # a tile of all the channels by bn / C positions, never looped
+        if _np2(cols) * MIN_POSITIONS > bn:
+            return f"fewer than {MIN_POSITIONS} positions per tile"
+        if bn > _np2(cols) * max(MIN_POSITIONS, _np2(shape["rows"])):
+            return "tile wider than the positions"
+        if not 1 <= bn / (32 * warps) <= MAX_ROW_PER_THREAD:
+            return f"{bn / (32 * warps):g} tile elements per thread (1..{MAX_ROW_PER_THREAD})"
+        return None if config["num_stages"] == 1 else "one tile: no loop to pipeline"
     if bn > max(256, _np2(cols)):
         return "block larger than the row"
     per_thread = bn / (32 * warps)
@@ -271,6 +289,8 @@ def default_config(kernel: Kernel, shape: dict) -> dict:
     if kernel.kind == "gemm":
         want = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32 if kernel.dtype == "float32" else 64,
                 "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+    elif kernel.channels:  # 32 positions of every channel
+        want = {"BLOCK_N": min(16384, max(256, _np2(shape["cols"]) * 32)), "num_warps": 4, "num_stages": 1}
     else:
         bn = min(_np2(shape["cols"]), 4096)
         want = {"BLOCK_N": max(256, bn), "num_warps": 4 if bn <= 2048 else 8, "num_stages": 1}
