@@ -35,6 +35,18 @@ NOT_SCANS = [  # (forward's parameters, its return expression, get_inputs' list)
      "[torch.rand(6, 100)]"),  # ones, not zeros, in front
     ("x", "torch.cat((torch.zeros_like(x[:, :1]), torch.cumsum(x[:, 1:], dim=1)), dim=1)",
      "[torch.rand(6, 100)]"),  # the scan of a later slice
+    ("x", "F.pad(torch.cumsum(x[:, :-1], dim=1), (0, 1))", "[torch.rand(6, 100)]"),  # the zero column after
+    ("x", "F.pad(torch.cumsum(x[:, :-1], dim=1), (1, 0), value=1.0)", "[torch.rand(6, 100)]"),  # not zeros
+    ("x, m", "torch.cumsum(torch.where(m, x, 0.0), dim=1)",
+     "[torch.rand(6, 100), torch.rand(6, 100) > 0.5]"),  # where is not x * mask (an infinite x masked out)
+]
+SPELLINGS = [  # (forward's parameters, its return expression, get_inputs' list, what the match says)
+    ("x", "x.cumsum(-1)", "[torch.rand(6, 100)]", "row cumsum"),
+    ("x", "x.cumsum(dim=2)", "[torch.rand(2, 6, 100)]", "row cumsum"),
+    ("x", "torch.flip(torch.flip(x, dims=(1,)).cumsum(1), dims=[1])", "[torch.rand(6, 100)]", "row reverse cumsum"),
+    ("x", "x.flip(-1).cumprod(-1).flip(-1)", "[torch.rand(6, 100)]", "row reverse cumprod"),
+    ("x", "F.pad(torch.cumsum(x[:, :-1], dim=1), (1, 0))", "[torch.rand(6, 100)]", "row exclusive cumsum"),
+    ("x, m", "(m * x).cumsum(1)", "[torch.rand(6, 100), torch.rand(6, 100) > 0.5]", "row masked cumsum"),
 ]
 
 
@@ -45,7 +57,7 @@ def _match(source: str):
 
 
 def _source(params: str, body: str, inputs: str) -> str:
-    return (f"import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+    return (f"import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass Model(nn.Module):\n"
             f"    def forward(self, {params}):\n        return {body}\n\n\n"
             f"def get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n    return []\n")
 
@@ -62,6 +74,12 @@ def test_scans_are_the_row_template(task, op, reverse, exclusive, masked):
 @pytest.mark.parametrize("params, body, inputs", NOT_SCANS)
 def test_near_scans_are_not_matched(params, body, inputs):
     assert _match(_source(params, body, inputs)) == []
+
+
+@pytest.mark.parametrize("params, body, inputs, says", SPELLINGS)
+def test_other_spellings_of_the_scans(params, body, inputs, says):
+    (m,) = _match(_source(params, body, inputs))
+    assert tunable.describe(m).startswith(says + " (")
 
 
 def test_scan_flags_are_for_scans_only_and_keep_older_keys():

@@ -1,7 +1,8 @@
 """Scans over the last dimension as a row template: the FX match and the Triton source.
 
 A scan is a `rownorm`-family Kernel whose `op` is `cumsum` or `cumprod`, with `reverse` (flip, scan, flip),
-`exclusive` (the scan of all earlier elements: zero-padded `cat` of a scan of all but the last) and `masked`
+`exclusive` (the scan of all earlier elements: a zero column, by `cat` or `F.pad`, before the scan of all
+but the last) and `masked`
 (the scan of `x * mask`, a second input). One program per row walks it in BLOCK_N tiles, in scan order, with a
 running carry: one read of the input (and the mask) and one write, however the reference spelled it.
 Invariants: a match covers the whole forward, a scan along the last dimension of one contiguous-able input;
@@ -151,6 +152,13 @@ def _zeros_column(n, x, cols: int) -> bool:
     return _is_fn(n, (torch.zeros_like, torch.zeros), ("new_zeros",)) and set(n.kwargs) <= {"dtype", "device"}
 
 
+def _zero_column_in_front(n) -> bool:
+    """n is `F.pad(v, (1, 0))`: one zero column before the last dimension (constant mode, value 0)."""
+    pad = _arg(n, 1, "pad")
+    return hasattr(n.args[0], "op") and isinstance(pad, (list, tuple)) and list(pad) == [1, 0] \
+        and _arg(n, 2, "mode", "constant") == "constant" and _arg(n, 3, "value", None) in (None, 0, 0.0)
+
+
 def match_scan(gm, model, out) -> Match | None:
     xs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if not xs or len(xs) > 2 or any(_meta(p) is None or p.target.startswith("*") for p in xs):
@@ -172,6 +180,8 @@ def match_scan(gm, model, out) -> Match | None:
         if not hasattr(zeros, "op") or not hasattr(core, "op") or not _zeros_column(zeros, x, cols):
             return None
         exclusive = True
+    elif _is_fn(core, (torch.nn.functional.pad,)) and not reverse and _zero_column_in_front(core):
+        core, exclusive = core.args[0], True
     found = _scan_node(core, rank)
     if found is None:
         return None
