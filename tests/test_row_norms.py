@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kernelcraft.search.recipes import rewrite, tunable, tunematch, tunetemplates
+from kernelcraft.search.recipes import tunable, tunetemplates
 from kernelcraft.task import load_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import template_match  # noqa: E402
 import triton_interpreter  # noqa: E402
 from conftest import FIXTURES  # noqa: E402
 
@@ -25,22 +26,10 @@ NORMS = [  # (fixture, op, groups, channels, affine, rows, cols)
 ]
 
 
-def _match(source: str):
-    mod = rewrite._load_reference(source)
-    model, inputs = rewrite._build(mod)
-    return tunematch.match(rewrite._trace(model, inputs), model)
-
-
-def _module_task(init: str, forward: str, inputs: str) -> str:
-    return (f"import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
-            f"        super().__init__()\n        self.norm = {init}\n\n    def forward(self, x):\n"
-            f"        return {forward}\n\n\ndef get_inputs():\n    return [{inputs}]\n\n\n"
-            f"def get_init_inputs():\n    return []\n")
-
 
 @pytest.mark.parametrize("name, op, groups, channels, affine, rows, cols", NORMS)
 def test_grouped_channel_and_long_norms_match(name, op, groups, channels, affine, rows, cols):
-    (m,) = _match(load_task(TASKS / f"{name}.py").source)
+    (m,) = template_match.matches(load_task(TASKS / f"{name}.py").source)
     k = m.kernel
     assert (k.op, k.groups, k.channels, k.weight, k.bias) == (op, groups, channels, affine, affine)
     assert m.shape == {"rows": rows, "cols": cols}
@@ -56,7 +45,8 @@ def test_grouped_channel_and_long_norms_match(name, op, groups, channels, affine
     ("nn.LayerNorm(4)", "self.norm(x.transpose(1, 3)).transpose(1, 3)", "torch.rand(2, 4, 5, 5)"),  # a layout
 ])
 def test_near_grouped_norms_are_not_matched(init, forward, inputs):
-    assert _match(_module_task(init, forward, inputs)) == []
+    source = template_match.task_source("x", forward, f"[{inputs}]", init=f"self.norm = {init}")
+    assert template_match.matches(source) == []
 
 
 def test_groups_are_for_layernorm_only_and_channels_for_plain_norms():
@@ -78,7 +68,7 @@ def test_rendered_norms_are_correct_in_the_interpreter(tmp_path):
     cases = []
     for name, *_ in NORMS:
         t = load_task(TASKS / f"{name}.py")
-        (m,) = _match(t.source)
+        (m,) = template_match.matches(t.source)
         cfgs = tunable.all_configs(m.kernel, m.shape)
         for cfg in (cfgs[0], cfgs[-1]):  # the smallest tile (a looped row where it is longer) and the largest
             p = tmp_path / f"c{len(cases)}.py"

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kernelcraft.search.recipes import rewrite, tunable, tunematch, tunetemplates
+from kernelcraft.search.recipes import tunable, tunetemplates
 from kernelcraft.task import load_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import template_match  # noqa: E402
 import triton_interpreter  # noqa: E402
 from conftest import FIXTURES  # noqa: E402
 
@@ -50,21 +51,10 @@ SPELLINGS = [  # (forward's parameters, its return expression, get_inputs' list,
 ]
 
 
-def _match(source: str):
-    mod = rewrite._load_reference(source)
-    model, inputs = rewrite._build(mod)
-    return tunematch.match(rewrite._trace(model, inputs), model)
-
-
-def _source(params: str, body: str, inputs: str) -> str:
-    return (f"import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass Model(nn.Module):\n"
-            f"    def forward(self, {params}):\n        return {body}\n\n\n"
-            f"def get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n    return []\n")
-
 
 @pytest.mark.parametrize("task, op, reverse, exclusive, masked", SCANS)
 def test_scans_are_the_row_template(task, op, reverse, exclusive, masked):
-    (m,) = _match(load_task(task).source)
+    (m,) = template_match.matches(load_task(task).source)
     k = m.kernel
     assert (k.kind, k.op, k.reverse, k.exclusive, k.masked) == ("rownorm", op, reverse, exclusive, masked)
     assert m.bindings["x"] == "x" and (m.bindings.get("mask") == "mask") == masked
@@ -73,12 +63,12 @@ def test_scans_are_the_row_template(task, op, reverse, exclusive, masked):
 
 @pytest.mark.parametrize("params, body, inputs", NOT_SCANS)
 def test_near_scans_are_not_matched(params, body, inputs):
-    assert _match(_source(params, body, inputs)) == []
+    assert template_match.matches(template_match.task_source(params, body, inputs)) == []
 
 
 @pytest.mark.parametrize("params, body, inputs, says", SPELLINGS)
 def test_other_spellings_of_the_scans(params, body, inputs, says):
-    (m,) = _match(_source(params, body, inputs))
+    (m,) = template_match.matches(template_match.task_source(params, body, inputs))
     assert tunable.describe(m).startswith(says + " (")
 
 
@@ -99,7 +89,7 @@ def test_rendered_scan_candidates_are_correct_in_the_interpreter(tmp_path):
     cases = []
     for task, *_ in SCANS:
         t = load_task(task)
-        (m,) = _match(t.source)
+        (m,) = template_match.matches(t.source)
         cfgs = tunable.all_configs(m.kernel, m.shape)
         for cfg in (cfgs[0], cfgs[-1]):  # several blocks with a ragged last one, and one block
             p = tmp_path / f"c{len(cases)}.py"

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kernelcraft.search.recipes import rewrite, tunable, tunematch, tunetemplates
+from kernelcraft.search.recipes import tunable, tunetemplates
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ROOT / "tests" / "fixtures" / "tasks"
 sys.path.insert(0, str(ROOT / "tests"))
+import template_match  # noqa: E402
 import triton_interpreter  # noqa: E402
 
 # fixture -> (shape, bindings a / b, the kernel's layout fields that are set)
@@ -34,16 +35,11 @@ def _source(name: str) -> str:
     return (TASKS / f"{name}.py").read_text()
 
 
-def _match(source: str):
-    mod = rewrite._load_reference(source)
-    model, inputs = rewrite._build(mod)
-    return tunematch.match(rewrite._trace(model, inputs), model)
-
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_the_variant_matches(name):
     shape, (a, b), layout = VARIANTS[name]
-    (m,) = _match(_source(name))
+    (m,) = template_match.matches(_source(name))
     assert m.kernel.kind == "gemm" and m.shape == shape and (m.bindings["a"], m.bindings["b"]) == (a, b)
     assert {f: getattr(m.kernel, f) for f, default in LAYOUT.items() if getattr(m.kernel, f) != default} == layout
     assert tunable.check_shape("gemm", m.shape) == shape
@@ -57,7 +53,7 @@ def test_the_variant_matches(name):
     _source("gemm_transposed_both").replace("torch.matmul(A.T, B.T)", "torch.matmul(A.T, B.T) @ B"),
 ])
 def test_what_is_not_one_product_does_not_match(source):
-    assert _match(source) == []
+    assert template_match.matches(source) == []
 
 
 def test_the_layout_fields_keep_older_keys():
@@ -98,8 +94,8 @@ def test_the_store_prefers_the_same_gpu(tmp_path):
 
 
 def test_the_description_names_the_layout():
-    words = {name: tunable.describe(_match(_source(name))[0]) for name in ("gemm_bmm", "gemm_triu", "gemm_split_k",
-                                                                           "gemm_transposed_both")}
+    words = {name: tunable.describe(template_match.matches(_source(name))[0])
+             for name in ("gemm_bmm", "gemm_triu", "gemm_split_k", "gemm_transposed_both")}
     assert words["gemm_bmm"].endswith("MxNxK 70x90x40, 3 products") and "batched" in words["gemm_bmm"]
     assert "upper triangle kept (diagonal 1)" in words["gemm_triu"]
     assert "K in 8 ranges" in words["gemm_split_k"]
@@ -118,7 +114,7 @@ def test_the_variants_are_correct_in_the_interpreter(tmp_path):
     cases = []
     for name in sorted(VARIANTS):
         source = _source(name)
-        (m,) = _match(source)
+        (m,) = template_match.matches(source)
         cfgs = tunable.all_configs(m.kernel, m.shape)
         for cfg in (cfgs[0], cfgs[-1]):  # the smallest blocks (several tiles, masks, skipped tiles) and the largest
             p = tmp_path / f"{name}_{len(cases)}.py"

@@ -12,22 +12,18 @@ import pytest
 
 from kernelcraft.search.policies import Context
 from kernelcraft.search.prompt import DeviceInfo
-from kernelcraft.search.recipes import rewrite, tunable, tunematch, tunetemplates
+from kernelcraft.search.recipes import rewrite, tunable, tunetemplates
 from kernelcraft.search.recipes.policy import RecipesPolicy
 from kernelcraft.task import load_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import template_match  # noqa: E402
 import triton_interpreter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = DeviceInfo("cuda", "NVIDIA H100", 132, 79.0, "9.0")
 CPU = DeviceInfo("cpu", "test cpu", cores=2)
 
-
-def _match(source: str):
-    mod = rewrite._load_reference(source)
-    model, inputs = rewrite._build(mod)
-    return tunematch.match(rewrite._trace(model, inputs), model)
 
 
 @pytest.mark.parametrize("name, kind, detail", [
@@ -44,7 +40,7 @@ def _match(source: str):
     ("tiny/level2/linear_layernorm", None, None),  # a GEMM then a row op: not one template
 ])
 def test_which_references_match(name, kind, detail):
-    ms = _match(load_task(name).source)
+    ms = template_match.matches(load_task(name).source)
     if kind is None:
         assert ms == []
         return
@@ -69,7 +65,7 @@ def test_rendered_candidates_are_correct_in_the_interpreter(tmp_path):
     cases = []
     for name in names:
         t = load_task(name)
-        (m,) = _match(t.source)
+        (m,) = template_match.matches(t.source)
         cfgs = tunable.all_configs(m.kernel, m.shape)
         for cfg in (cfgs[0], cfgs[-1]):  # the smallest blocks (loops, masks) and the largest
             p = tmp_path / f"c{len(cases)}.py"
@@ -80,7 +76,7 @@ def test_rendered_candidates_are_correct_in_the_interpreter(tmp_path):
 
 def test_candidate_refuses_an_invalid_configuration():
     t = load_task("tiny/level1/softmax")
-    (m,) = _match(t.source)
+    (m,) = template_match.matches(t.source)
     with pytest.raises(tunable.TunableError, match="not valid"):
         tunetemplates.candidate_source(t.source, m, {"BLOCK_N": 300, "num_warps": 4, "num_stages": 1})
 
