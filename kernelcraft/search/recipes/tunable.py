@@ -1,7 +1,8 @@
 """Tunable Triton kernels: what a template instance is, its knob space, which configurations are valid.
 
-Two families (`gemm`; `rownorm`, a row op over the last dimension: a norm or a scan); every knob an ordered tuple of values; `valid` masks configurations that
-cannot compile or run well on a Hopper GPU (an estimate). Pure data and arithmetic: nothing here imports
+Two families (`gemm`; `rownorm`, a norm or a scan over rows: the last dimension, a group of channels, the
+channels at a position); every knob an ordered tuple of values; `valid` masks configurations that cannot
+compile or run well on a Hopper GPU (an estimate). Pure data and arithmetic: nothing here imports
 torch or triton. `lookup_config` reads tuned configurations (the user's store, then the shipped one).
 Rationale: docs/design/recipes.md#tunable
 """

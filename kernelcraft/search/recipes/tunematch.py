@@ -11,8 +11,8 @@ import operator
 
 from kernelcraft.search.recipes import rownorm, rowscan
 from kernelcraft.search.recipes.fxrules import _torch
-from kernelcraft.search.recipes.gemmparts import (_arg, _attr_expr, _dt, _is_fn, _meta, gemm_epilogue, gemm_kernel, gemm_size,
-                                                  product_of)
+from kernelcraft.search.recipes.gemmparts import (_arg, _attr_expr, _dt, _is_fn, _meta, gemm_epilogue, gemm_kernel,
+                                                  gemm_size, product_of)
 from kernelcraft.search.recipes.tunable import Kernel, Match
 
 
