@@ -108,6 +108,11 @@ def _indent(text: str, n: int) -> str:
     return textwrap.indent(text, " " * n)
 
 
+def indent_block(text: str, n: int) -> str:
+    """`text` dedented, its leading and trailing blank lines dropped, indented by n spaces (generated source)."""
+    return textwrap.indent(textwrap.dedent(text).strip("\n"), " " * n)
+
+
 def render(task_source: str, recipe, analysis=None, *, output_dtypes: list[str] | None = None,
            gpu: str | None = None) -> str:
     """The candidate source for `recipe` (an iterable of tokens, see `recipes.TOKENS`); `gpu`, the GPU product

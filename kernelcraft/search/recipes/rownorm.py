@@ -10,21 +10,21 @@ Rationale: docs/design/recipes.md#rownorm
 """
 from __future__ import annotations
 
+import math
 import operator
-import textwrap
 
 from kernelcraft.search.recipes.fxrules import _torch
 from kernelcraft.search.recipes.gemmparts import _arg, _attr_expr, _dim_is, _dt, _is_fn, _meta
-from kernelcraft.search.recipes.tunable import KNOBS, MIN_POSITIONS, Kernel, Match, _np2
-
-
-def _indent(text: str, n: int) -> str:
-    return textwrap.indent(textwrap.dedent(text).strip("\n"), " " * n)
+from kernelcraft.search.recipes.render import indent_block
+from kernelcraft.search.recipes.tunable import KNOBS, Kernel, Match, channel_tile
 
 
 # ---- the Triton source -----------------------------------------------------------------------------
 
-_GROUP_ARGS = "groups = (params[0].numel() // {g}, N // (params[0].numel() // {g}))  # channels per group, positions"
+_GROUP_ARGS = """
+per_group = params[0].numel() // {g}  # channels per group; the affine vectors have one value per channel
+groups = (per_group, N // per_group)  # and the positions of one channel"""
+
 
 def _row_parts(kernel: Kernel) -> tuple[str, str, str]:
     """(one-tile body, looped statistics, looped output expression) for the row op."""
@@ -117,7 +117,7 @@ def source(kernel: Kernel) -> str:
     store = "tl.store(y_row + {c}, y.to(y_ptr.dtype.element_ty), mask={m})"
     one_tile = one.strip("\n") + "\n" + affine("mask", "cols") + "\n" + store.format(c="cols", m="mask")
     loop_write = (f"for off in range(0, N, BLOCK_N):\n    c = off + cols\n    {load_out}\n    y = {loop_out}\n"
-                  + _indent(affine("c < N", "c"), 4) + "\n    " + store.format(c="c", m="c < N"))
+                  + indent_block(affine("c < N", "c"), 4) + "\n    " + store.format(c="c", m="c < N"))
     names = ", ".join(n for n, on in (("weight", kernel.weight), ("bias", kernel.bias)) if on)
     what = (f"The norm of x (batch, channels, ...) over {kernel.groups} groups of channels per sample" if kernel.groups
             else "The row op over the last dimension of x")
@@ -131,10 +131,10 @@ def _kc_row_kernel(x_ptr, y_ptr, {ptrs}stride_x, stride_y, {group_args}N: tl.con
     cols = tl.arange(0, BLOCK_N)
     if BLOCK_N >= N:
         mask = cols < N
-{_indent(one_tile, 8)}
+{indent_block(one_tile, 8)}
     else:
-{_indent(stats, 8)}
-{_indent(loop_write, 8)}
+{indent_block(stats, 8)}
+{indent_block(loop_write, 8)}
 
 
 def _kc_launch(x, y, params, BLOCK_N, num_warps, num_stages):
@@ -142,7 +142,7 @@ def _kc_launch(x, y, params, BLOCK_N, num_warps, num_stages):
     rows, N = x.shape
     if x.stride(1) != 1 or y.stride(1) != 1 or len(params) != {int(kernel.weight) + int(kernel.bias)}:
         raise ValueError("kernelcraft rownorm: operands do not fit this kernel")
-    {_GROUP_ARGS.format(g=kernel.groups) if grouped else "groups = ()"}
+{indent_block(_GROUP_ARGS.format(g=kernel.groups) if grouped else "groups = ()", 4)}
     return (rows,), (x, y, *params, x.stride(0), y.stride(0), *groups), dict(N=N, BLOCK_N=BLOCK_N,
                                                                               num_warps=num_warps, num_stages=num_stages)
 
@@ -179,7 +179,7 @@ def _kc_row_kernel(x_ptr, y_ptr, S, blocks_s, stride_b, N: tl.constexpr, BLOCK_C
     y_row = y_ptr + sample * stride_b
     cols = ch[:, None] * S + pos[None, :]
     mask = (ch[:, None] < N) & (pos[None, :] < S)
-{_indent(one.strip(chr(10)) + chr(10) + store, 4)}
+{indent_block(one.strip(chr(10)) + chr(10) + store, 4)}
 
 
 def _kc_launch(x, y, params, BLOCK_N, num_warps, num_stages):
@@ -327,19 +327,15 @@ def match_norm(gm, model, out) -> Match | None:
     dtype, shape = _dt(x), tuple(int(d) for d in _meta(x).shape)
     if dtype is None or len(shape) < 2 or _dt(out) != dtype or tuple(_meta(out).shape) != shape:
         return None
-    groups = 0
+    total, groups, channels = math.prod(shape), 0, False
     found = _grouped_norm(gm, out, x, shape)
     if found is not None:
         groups, eps, w, b = found
         op, rows = "layernorm", shape[0] * groups
-    total = 1
-    for d in shape:
-        total *= d
-    channels = False
-    if found is None:
+    else:
         found = _row_op(gm, model, out, x, len(shape), len(shape) - 1)
         rows = total // shape[-1]
-        if found is None and len(shape) >= 3 and _np2(shape[1]) * MIN_POSITIONS <= max(KNOBS["rownorm"]["BLOCK_N"]):
+        if found is None and len(shape) >= 3 and channel_tile(shape[1]) <= max(KNOBS["rownorm"]["BLOCK_N"]):
             found = _row_op(gm, model, out, x, len(shape), 1)  # over the channels of (B, C, ...)
             rows, channels = total // shape[1], True
         if found is None:

@@ -2,20 +2,20 @@
 
 A scan is a `rownorm`-family Kernel whose `op` is `cumsum` or `cumprod`, with `reverse` (flip, scan, flip),
 `exclusive` (the scan of all earlier elements: a zero column, by `cat` or `F.pad`, before the scan of all
-but the last) and `masked`
-(the scan of `x * mask`, a second input). One program per row walks it in BLOCK_N tiles, in scan order, with a
-running carry: one read of the input (and the mask) and one write, however the reference spelled it.
+but the last) and `masked` (the scan of `x * mask`, a second input). One program per row walks it in BLOCK_N
+tiles, in scan order, with a running carry: one read of the input (and the mask) and one write, however the reference spelled it.
 Invariants: a match covers the whole forward, a scan along the last dimension of one contiguous-able input;
 anything else is no match.
 Rationale: docs/design/recipes.md#rowscan
 """
 from __future__ import annotations
 
+import math
 import operator
-import textwrap
 
 from kernelcraft.search.recipes.fxrules import _torch
 from kernelcraft.search.recipes.gemmparts import _arg, _dt, _is_fn, _last_dim, _meta
+from kernelcraft.search.recipes.render import indent_block
 from kernelcraft.search.recipes.tunable import SCAN_OPS, Kernel, Match
 
 IDENTITY = {"cumsum": "0.0", "cumprod": "1.0"}
@@ -25,10 +25,6 @@ if mask.dtype == torch.bool:  # read as bytes
     mask = mask.view(torch.uint8)
 if mask.stride(-1) != 1:
     mask = mask.contiguous()"""
-
-
-def _indent(text: str, n: int) -> str:
-    return textwrap.indent(textwrap.dedent(text).strip("\n"), " " * n)
 
 
 # ---- the Triton source -----------------------------------------------------------------------------
@@ -85,7 +81,7 @@ def _kc_run(x, params, config, mask=None):
     x = x.reshape(-1, shape[-1])
     if x.stride(-1) != 1:
         x = x.contiguous()
-{_indent(prepare_mask, 4)}
+{indent_block(prepare_mask, 4)}
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     grid, args, meta = _kc_launch(x, y, mask, **config)
     _kc_row_kernel[grid](*args, **meta)
@@ -209,9 +205,7 @@ def match_scan(gm, model, out) -> Match | None:
     used = {n for n in gm.graph.nodes if n.op not in ("placeholder", "output")}
     if used != _ancestors(out):
         return None  # another computation beside the scan
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
+    rows = math.prod(shape[:-1])
     kernel = Kernel("rownorm", dtype, op=op, reverse=reverse, exclusive=exclusive, masked=masked)
     return Match(kernel, {"rows": rows, "cols": cols}, {"x": x.target, **({"mask": mask.target} if masked else {})})
 

@@ -200,6 +200,11 @@ def _np2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def channel_tile(channels: int) -> int:
+    """The smallest tile a norm over `channels` channels takes: all of them (a power of two) by `MIN_POSITIONS`."""
+    return _np2(channels) * MIN_POSITIONS
+
+
 def knobs(kind: str) -> dict[str, tuple]:
     return KNOBS[kind]
 
@@ -227,7 +232,7 @@ def why_invalid(kernel: Kernel, shape: dict, config: dict) -> str | None:
         return None
     bn, warps, cols = config["BLOCK_N"], config["num_warps"], shape["cols"]
     if kernel.channels:  # a tile of all the channels by bn / C positions, never looped
-        if _np2(cols) * MIN_POSITIONS > bn:
+        if channel_tile(cols) > bn:
             return f"fewer than {MIN_POSITIONS} positions per tile"
         if bn > _np2(cols) * max(MIN_POSITIONS, _np2(shape["rows"])):
             return "tile wider than the positions"

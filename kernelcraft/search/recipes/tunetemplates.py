@@ -7,17 +7,12 @@ Rationale: docs/design/recipes.md#tunetemplates
 """
 from __future__ import annotations
 
-import textwrap
 
 from kernelcraft.search.recipes import rownorm, rowscan, tunable
-from kernelcraft.search.recipes.render import reference_parts
+from kernelcraft.search.recipes.render import indent_block, reference_parts
 
 HEADER = "import torch\nimport triton\nimport triton.language as tl\n"
 TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
-
-
-def _indent(text: str, n: int) -> str:
-    return textwrap.indent(textwrap.dedent(text).strip("\n"), " " * n)
 
 
 # ---- GEMM with a fused epilogue --------------------------------------------------------------------
@@ -164,8 +159,8 @@ def _kc_gemm_kernel(a_ptr, b_ptr, c_ptr, {vparams}{bparams}M, N, K, stride_am, s
         b_ptrs += BLOCK_K * stride_bk
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-{_indent(loads, 4) if loads else ""}
-{_indent(kernel.epilogue, 4)}{tri_mask}
+{indent_block(loads, 4) if loads else ""}
+{indent_block(kernel.epilogue, 4)}{tri_mask}
     c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
 
