@@ -52,6 +52,14 @@ def preloads(source: str) -> list[str]:
     return out
 
 
+def autotunes(source: str) -> bool:
+    """Whether the candidate may benchmark its own kernels on its first call: `torch.compile` (inductor autotunes
+    reductions and some pointwise kernels at their first launch) or Triton's autotuner. Its first call then has the
+    device to itself (`worker.Evaluation.first_call`): picks made beside other evaluations' work are noise, kept in
+    the compile caches. A candidate that hides it only tunes on a shared device."""
+    return "autotune" in source or "torch.compile" in source or "from torch import compile" in source
+
+
 def structure_problem(source: str) -> tuple[str, str] | None:
     """(reason, message) if the source cannot be a candidate at all, else None."""
     try:

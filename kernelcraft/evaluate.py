@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kernelcraft import devices
 from kernelcraft.builder import pch
-from kernelcraft.candidate import Candidate, load_candidate, needs_build, preloads, structure_problem
+from kernelcraft.candidate import Candidate, autotunes, load_candidate, needs_build, preloads, structure_problem
 from kernelcraft.judge.caller import runner, warm
 from kernelcraft.judge.caller.screen import screen as static_screen
 from kernelcraft.protocol import Protocol
@@ -52,7 +52,7 @@ def _env(worker_env: dict | None, start: str | None = None) -> Env:
                cuda=e.get("cuda", torch.version.cuda), gpu=e.get("gpu"),
                python=e.get("python", sys.version.split()[0]), kernel_tracer=e.get("kernel_tracer"),
                worker_start=start, isolation=e.get("isolation"), reference=e.get("reference"),
-               prepare_s=e.get("prepare_s"))
+               prepare_s=e.get("prepare_s"), first_call=e.get("first_call"))
 
 
 def evaluate(
@@ -182,7 +182,7 @@ def _evaluate_once(task, candidate, proto: Protocol, *, device: str, visible: st
         job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"),
                    device=device, protocol=proto.key(), cache_dir=str(root), kernel_names=scr.kernel_names,
                    lock_scope=lock_scope, needs_build=builds, preload=preloads(cand.source), remeasure=remeasure,
-                   lock_path=_lock_path(root, visible))
+                   first_call_alone=autotunes(cand.source), lock_path=_lock_path(root, visible))
         # a judge kept from an earlier candidate of this task (same text, device, protocol) may take this one
         warm_key = warm.key(task.sha256, device, proto.key())
         out = runner.run_worker(job, work, root, visible, proto.timeout_s, proto.build_timeout_s, warm_key=warm_key)

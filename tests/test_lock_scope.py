@@ -197,3 +197,41 @@ def test_candidate_prepared_off_the_lock_then_imported_on_it(cache_dir):
     # where `prepare` went, part by part (on a CPU: no CUDA context, no kernel tracer)
     assert set(v.env.prepare_s) == {"build_cache", "preload", "process_state"}, v.env.prepare_s
     assert all(s >= 0 for s in v.env.prepare_s.values()) and sum(v.env.prepare_s.values()) <= v.phases_s["prepare"]
+
+
+AUTOTUNED = '''
+import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    """Stands for a candidate whose kernels are tuned by triton.autotune on their first launch."""
+    def forward(self, x):
+        return torch.relu(x)
+'''
+
+
+def test_an_autotuning_candidates_first_call_has_the_device_alone(cache_dir):
+    """A candidate that may autotune (Triton's autotuner, `torch.compile`) makes its first call with the device to
+    itself, so its picks are not made beside other evaluations' work: it waits for a sharer's checks to end (on no
+    clock), then shares again; the verdict says so. A plain candidate's first call shares (the test above)."""
+    lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
+    held = threading.Event()
+    t = threading.Thread(target=_hold_lock, args=(lock, 8.0, held, fcntl.LOCK_SH))
+    t.start()
+    held.wait()
+    v = evaluate(TASK, AUTOTUNED, device="cpu", trials=2, timing=False, timeout_s=5.0, lock_scope="timing",
+                 cache_dir=cache_dir)
+    t.join()
+    assert v.status == "correct", v.message
+    assert v.env.first_call == "alone"
+    assert v.phases_s["wait_device"] >= 4.0, v.phases_s
+    plain = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, lock_scope="timing", cache_dir=cache_dir)
+    assert plain.status == "correct" and plain.env.first_call is None
+
+
+def test_which_candidates_may_autotune():
+    from kernelcraft.candidate import autotunes
+
+    assert autotunes("import triton\n@triton.autotune(configs=[], key=['n'])\n@triton.jit\ndef k(): pass\n")
+    assert autotunes("import torch\nf = torch.compile(g, mode='max-autotune')\n")
+    assert autotunes("import torch\n@torch.compile\ndef f(x): return x\n")
+    assert autotunes("from torch import compile\nf = compile(g)\n")
+    assert not autotunes("import torch, re\npat = re.compile('x')\nclass ModelNew: pass\n")

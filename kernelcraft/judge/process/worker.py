@@ -256,10 +256,20 @@ class Evaluation:
         goes back to its constructed plain-attribute and RNG state after it, as the reference does after `describe`;
         any other keeps what its first call left (a lazily built cache, a captured graph), as it would for a user.
         Outputs are poisoned before every judged call, and the call tells the candidate nothing: the trials draw
-        fresh inputs. Returns the side's reply (its output is in the side's arena)."""
-        reply = side.request(dict(RUN, keep_state=self.stateful) if self.stateful else RUN, phase=phase)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        fresh inputs. A candidate that may autotune there (`candidate.autotunes`) has the device to itself for the
+        call, as for timing: its kernels' picks are made on a quiet device. Returns the side's reply (its output is
+        in the side's arena)."""
+        alone = bool(self.job.get("first_call_alone")) and self.gate.path is not None and self.gate.mode != EXCLUSIVE
+        if alone:
+            self.wait_for_device(self.gate.exclusive)
+            self.result["env"]["first_call"] = "alone"
+        try:
+            reply = side.request(dict(RUN, keep_state=self.stateful) if self.stateful else RUN, phase=phase)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+        finally:
+            if alone:
+                self.gate.share()  # a downgrade: back beside the other evaluations' checks
         return reply
 
     # -- inputs and outputs ------------------------------------------------------------------------------
