@@ -54,10 +54,12 @@ def preloads(source: str) -> list[str]:
 
 def autotunes(source: str) -> bool:
     """Whether the candidate may benchmark its own kernels on its first call: `torch.compile` (inductor autotunes
-    reductions and some pointwise kernels at their first launch) or Triton's autotuner. Its first call then has the
-    device to itself (`worker.Evaluation.first_call`): picks made beside other evaluations' work are noise, kept in
-    the compile caches. A candidate that hides it only tunes on a shared device."""
-    return "autotune" in source or "torch.compile" in source or "from torch import compile" in source
+    reductions and some pointwise kernels at their first launch), Triton's autotuner, or cuDNN's benchmark mode
+    (it times the convolution algorithms for each new shape). Its first call then has the device to itself
+    (`worker.Evaluation.first_call`): picks made beside other evaluations' work are noise, and they are kept (the
+    compile caches, cuDNN's per-shape choice). A candidate that hides it only tunes on a shared device."""
+    return any(word in source for word in ("autotune", "torch.compile", "from torch import compile",
+                                             "cudnn.benchmark"))
 
 
 def structure_problem(source: str) -> tuple[str, str] | None:

@@ -234,4 +234,5 @@ def test_which_candidates_may_autotune():
     assert autotunes("import torch\nf = torch.compile(g, mode='max-autotune')\n")
     assert autotunes("import torch\n@torch.compile\ndef f(x): return x\n")
     assert autotunes("from torch import compile\nf = compile(g)\n")
+    assert autotunes("import torch\ntorch.backends.cudnn.benchmark = True\n")
     assert not autotunes("import torch, re\npat = re.compile('x')\nclass ModelNew: pass\n")
