@@ -281,3 +281,39 @@ def test_timing_scope_shares_the_gpu_and_times_alone(tmp_path):
         assert v.status == "correct", f"{Path(c).name}: {v.status}/{v.reasons}: {v.message[:3000]}"
         assert v.timing is not None and v.timing.idle_wait_ms is not None, v.timing
         assert "wait_device" in v.phases_s, v.phases_s
+
+
+COMPILED_CAND = '''
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    """relu(a + b) through torch.compile: inductor may autotune its kernel at the first call."""
+
+    def __init__(self):
+        super().__init__()
+        self._run = torch.compile(self._inner, mode="default", dynamic=False)
+
+    def _inner(self, a, b):
+        return torch.relu(a + b)
+
+    def forward(self, a, b):
+        return self._run(a, b)
+'''
+
+
+def test_a_compiled_candidates_first_call_has_the_gpu_alone(tmp_path):
+    """A `torch.compile` candidate beside a busy neighbour (`judge/speed/gate.py`): its first call, where inductor
+    tunes, holds the GPU alone and the verdict says so; the neighbour's first call shares; both are correct."""
+    from kernelcraft.serve.pool import Pool
+
+    busy, compiled = tmp_path / "busy.py", tmp_path / "compiled.py"
+    busy.write_text(BUSY_CAND)
+    compiled.write_text(COMPILED_CAND)
+    opts = {k: v for k, v in OPTS.items() if k != "device"}
+    with Pool("cuda:0", per_device=2, build_workers=2, lock_scope="timing", **opts) as pool:
+        got = dict(pool.stream([(TASK, busy), (TASK, compiled)]))
+    for i, c in enumerate((busy, compiled)):
+        assert got[i].status == "correct", f"{c.name}: {got[i].status}/{got[i].reasons}: {got[i].message[:3000]}"
+    assert got[0].env.first_call is None and got[1].env.first_call == "alone"
