@@ -1,8 +1,10 @@
 """Triton elementwise fusion: regions of elementwise FX nodes become one generated Triton kernel each.
 
 A region (at least two ops, one floating dtype, rank <= 4, scalar constants only) becomes a kernel that reads
-each input once and writes once; arithmetic in fp32, NaNs propagated like PyTorch's. Output is source text;
-the graph is changed in place to call the launchers.
+each input once and writes once; arithmetic in fp32, NaNs propagated like PyTorch's. A region (one op is
+enough) whose only user is a full `sum`/`mean` to a scalar takes the reduction in: fp32 partial sums per
+program, totalled by the launcher, and no intermediate tensor. Output is source text; the graph is changed
+in place to call the launchers.
 Rationale: docs/design/recipes.md#tritonfuse
 """
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass, field
 
 BLOCK = 1024
 MAX_RANK = 4
+REDUCE_PROGRAMS = 16384  # a full reduction's grid: about this many programs at most, each summing BLOCKS blocks
+MAX_BLOCKS = 64  # ... of at most this many consecutive blocks
 
 
 @dataclass
@@ -112,6 +116,8 @@ def _lowering(gm, n):
     for fn, name, low in unary:
         if (is_(fn, name)) and len(a) == 1 and not kw:
             return a, low
+    if (is_(operator.pow) or is_(torch.pow, "pow")) and len(a) == 2 and not kw and _is_two(a[1]):
+        return a[:1], lambda e: f"(({e[0]}) * ({e[0]}))"
     if is_(torch._C._nn.gelu) or is_(F.gelu):
         approx = kw.pop("approximate", a[1] if len(a) > 1 else "none")
         if kw or approx not in ("none", "tanh"):
@@ -135,6 +141,28 @@ def _lowering(gm, n):
         s = _lit(a[1] if len(a) > 1 else 0.01)
         return a[:1], lambda e: f"tl.where(({e[0]}) > 0.0, {e[0]}, ({e[0]}) * {s})"
     return None
+
+
+def _is_two(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 2
+
+
+def _full_reduction(n, dtype):
+    """"sum" or "mean" when n reduces all of its first argument to a 0-dim tensor of `dtype`, else None."""
+    import torch
+
+    if n.op == "call_function" and n.target in (torch.sum, torch.mean):
+        kind = n.target.__name__
+    elif n.op == "call_method" and n.target in ("sum", "mean"):
+        kind = n.target
+    else:
+        return None
+    if len(n.args) not in (1, 2) or (len(n.args) == 2 and n.args[1] is not None):
+        return None
+    if set(n.kwargs) - {"dim"} or n.kwargs.get("dim") is not None:
+        return None
+    tm = _tensor_meta(n)
+    return kind if tm is not None and len(tm.shape) == 0 and tm.dtype == dtype else None
 
 
 def _tensor_meta(n):
@@ -179,30 +207,37 @@ def fuse(gm) -> Fused | None:
         for m in members:
             region_of[m] = len(regions)
         regions.append(members)
-    regions = [r for r in regions if len(r) >= 2]
-    if not regions:
+    reduced = []  # (members, its full-reduction user or None, "sum" | "mean" | None)
+    for r in regions:
+        users = list(r[-1].users) if r else []
+        kind = _full_reduction(users[0], _tensor_meta(r[-1]).dtype) if len(users) == 1 else None
+        if len(r) >= 2 or (r and kind):
+            reduced.append((r, users[0] if kind else None, kind))
+    if not reduced:
         return None
-    sources, info, fused = [], [], {}  # fused: a replaced region output -> its launcher call
-    for idx, members in enumerate(regions):
-        src, launcher, inputs = _emit(idx, members, low)
+    sources, info, fused = [], [], {}  # fused: a replaced node -> its launcher call
+    for idx, (members, red, kind) in enumerate(reduced):
+        src, launcher, inputs = _emit(idx, members, low, kind)
         inputs = [fused.get(i, i) for i in inputs]  # operands were read before earlier regions were replaced
         sources.append(src)
-        out = members[-1]
+        out = red if red is not None else members[-1]
         with g.inserting_before(out):
             call = g.call_function(launcher, tuple(inputs))
         call.meta["tensor_meta"] = out.meta.get("tensor_meta")
         out.replace_all_uses_with(call)
         fused[out] = call
-        for m in reversed(members):
+        for m in ([red] if red is not None else []) + list(reversed(members)):
             g.erase_node(m)
-        info.append({"name": launcher.__name__, "ops": len(members), "inputs": len(inputs)})
+        info.append({"name": launcher.__name__, "ops": len(members), "inputs": len(inputs), "reduce": kind})
     g.lint()
     gm.recompile()
     header = "import triton\nimport triton.language as tl\n"
     return Fused(source=header + "\n\n".join(sources), regions=info)
 
 
-def _emit(idx: int, members: list, low: dict):
+def _emit(idx: int, members: list, low: dict, reduce: str | None = None):
+    """(source, launcher placeholder, inputs) of one region; with `reduce` ("sum" | "mean") the kernel writes
+    one fp32 partial sum per program and the launcher returns their total (divided by n for mean)."""
     name = f"_kc_ew{idx}"
     inside = set(members)
     inputs, exprs, body = [], {}, []
@@ -219,32 +254,34 @@ def _emit(idx: int, members: list, low: dict):
                     inputs.append(o)
                 args.append(f"x{inputs.index(o)}")
         var = f"v{len(body)}"
-        body.append(f"    {var} = {fn(args)}")
+        body.append(f"{var} = {fn(args)}")
         exprs[m] = var
-    k = len(inputs)
+    k, value = len(inputs), exprs[members[-1]]
     ptrs = ", ".join(f"p{i}" for i in range(k))
     strides = ", ".join(f"s{i}_{d}" for i in range(k) for d in range(MAX_RANK))
     contig = ", ".join(f"C{i}: tl.constexpr" for i in range(k))
-    lines = [
-        "@triton.jit",
-        f"def {name}_kernel(out_ptr, {ptrs}, n, d1, d2, d3, {strides}, {contig}, BLOCK: tl.constexpr):",
-        "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
-        "    mask = offs < n",
-        "    i3 = offs % d3",
-        "    r = offs // d3",
-        "    i2 = r % d2",
-        "    r = r // d2",
-        "    i1 = r % d1",
-        "    i0 = r // d1",
-    ]
+    per_elem = ["mask = offs < n", "i3 = offs % d3", "r = offs // d3", "i2 = r % d2", "r = r // d2",
+                "i1 = r % d1", "i0 = r // d1"]
     for i in range(k):
         idx_expr = " + ".join(f"i{d} * s{i}_{d}" for d in range(MAX_RANK))
-        lines += [f"    if C{i}:",
-                  f"        x{i} = tl.load(p{i} + offs, mask=mask, other=0.0).to(tl.float32)",
-                  "    else:",
-                  f"        x{i} = tl.load(p{i} + ({idx_expr}), mask=mask, other=0.0).to(tl.float32)"]
-    lines += body
-    lines.append(f"    tl.store(out_ptr + offs, {exprs[members[-1]]}.to(out_ptr.dtype.element_ty), mask=mask)")
+        per_elem += [f"if C{i}:", f"    x{i} = tl.load(p{i} + offs, mask=mask, other=0.0).to(tl.float32)", "else:",
+                     f"    x{i} = tl.load(p{i} + ({idx_expr}), mask=mask, other=0.0).to(tl.float32)"]
+    per_elem += body
+    head = f"def {name}_kernel({'part_ptr' if reduce else 'out_ptr'}, {ptrs}, n, d1, d2, d3, {strides}, {contig}, "
+    if reduce:
+        lines = ["@triton.jit", head + "BLOCK: tl.constexpr, BLOCKS: tl.constexpr):",
+                 "    start = tl.program_id(0).to(tl.int64) * (BLOCKS * BLOCK)",
+                 "    acc = tl.zeros([BLOCK], dtype=tl.float32)",
+                 "    for b in range(BLOCKS):",
+                 "        offs = start + b * BLOCK + tl.arange(0, BLOCK)"]
+        lines += ["        " + ln for ln in per_elem]
+        lines += [f"        acc += tl.where(mask, {value}, 0.0)",
+                  "    tl.store(part_ptr + tl.program_id(0), tl.sum(acc, axis=0))"]
+    else:
+        lines = ["@triton.jit", head + "BLOCK: tl.constexpr):",
+                 "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)"]
+        lines += ["    " + ln for ln in per_elem]
+        lines.append(f"    tl.store(out_ptr + offs, {value}.to(out_ptr.dtype.element_ty), mask=mask)")
     args = ", ".join(f"a{i}" for i in range(k))
     lines += [
         "",
@@ -252,20 +289,41 @@ def _emit(idx: int, members: list, low: dict):
         f"def {name}({args}):",
         f"    ins = ({args}{',' if k == 1 else ''})",
         "    shape = torch.broadcast_shapes(*(t.shape for t in ins))",
-        "    out = torch.empty(shape, dtype=a0.dtype, device=a0.device)",
-        "    n = out.numel()",
-        "    if n == 0:",
-        "        return out",
+    ]
+    if reduce:
+        lines += ["    n = shape.numel()",
+                  "    if n == 0:",
+                  "        total = torch.zeros((), dtype=torch.float32, device=a0.device)",
+                  f"        return {'(total / n)' if reduce == 'mean' else 'total'}.to(a0.dtype)"]
+    else:
+        lines += ["    out = torch.empty(shape, dtype=a0.dtype, device=a0.device)",
+                  "    n = out.numel()",
+                  "    if n == 0:",
+                  "        return out"]
+    lines += [
         f"    dims = [1] * ({MAX_RANK} - len(shape)) + list(shape)",
         "    strides, contig = [], []",
         "    for t in ins:",
         "        e = t.expand(shape)",
         f"        strides += [0] * ({MAX_RANK} - len(shape)) + list(e.stride())",
         "        contig.append(tuple(t.shape) == tuple(shape) and t.is_contiguous())",
-        f"    {name}_kernel[(triton.cdiv(n, {BLOCK}),)](out, *ins, n, dims[1], dims[2], dims[3], *strides, *contig,",
-        f"        BLOCK={BLOCK}, num_warps=4)",
-        "    return out",
     ]
+    if reduce:  # each program sums BLOCKS consecutive blocks: at most about REDUCE_PROGRAMS programs
+        lines += [
+            f"    blocks = min({MAX_BLOCKS}, triton.next_power_of_2(triton.cdiv(n, {BLOCK * REDUCE_PROGRAMS})))",
+            f"    grid = triton.cdiv(n, {BLOCK} * blocks)",
+            "    partials = torch.empty(grid, dtype=torch.float32, device=a0.device)",
+            f"    {name}_kernel[(grid,)](partials, *ins, n, dims[1], dims[2], dims[3], *strides, *contig,",
+            f"        BLOCK={BLOCK}, BLOCKS=blocks, num_warps=4)",
+            "    total = partials.sum()",
+            f"    return {'(total / n)' if reduce == 'mean' else 'total'}.to(a0.dtype)",
+        ]
+    else:
+        lines += [
+            f"    {name}_kernel[(triton.cdiv(n, {BLOCK}),)](out, *ins, n, dims[1], dims[2], dims[3], *strides, *contig,",
+            f"        BLOCK={BLOCK}, num_warps=4)",
+            "    return out",
+        ]
 
     def launcher(*a):  # placeholder object: the graph calls it by name, the generated module defines it
         raise RuntimeError("generated launcher placeholder")
