@@ -72,3 +72,16 @@ def test_recipes_find_the_diag_rewrite_on_gpu(tmp_path, cache_dir):
 def test_recipes_win_on_a_conv_task_on_gpu(tmp_path, cache_dir):
     res = optimize(CONV, tmp_path, Options(device="cuda", budget=8, confirm=1))
     assert res.status == "improved" and res.best_speedup > 1.0, res
+
+
+def test_triton_fusion_of_a_loss_into_one_reduction(cache_dir):
+    """An elementwise chain ending in a full mean (tests/fixtures/tasks/loss_hinge.py) becomes one Triton kernel
+    writing partial sums (tritonfuse's reduction epilogue): correct on the GPU, eager and CUDA-graph replayed."""
+    from conftest import FIXTURES
+    task = load_task(FIXTURES / "tasks" / "loss_hinge.py")
+    a = rewrite.analyze(task.source)
+    for recipe in (["triton"], ["triton", "cudagraph"]):
+        src = render.render(task.source, recipe, a)
+        assert "partials" in src, src
+        v = evaluate(task, src, device="cuda", time_budget_s=1.0, remeasure_above=None)
+        assert v.status == "correct", (recipe, v.reasons, v.message)

@@ -267,7 +267,10 @@ def _emit(idx: int, members: list, low: dict, reduce: str | None = None):
         per_elem += [f"if C{i}:", f"    x{i} = tl.load(p{i} + offs, mask=mask, other=0.0).to(tl.float32)", "else:",
                      f"    x{i} = tl.load(p{i} + ({idx_expr}), mask=mask, other=0.0).to(tl.float32)"]
     per_elem += body
-    head = f"def {name}_kernel({'part_ptr' if reduce else 'out_ptr'}, {ptrs}, n, d1, d2, d3, {strides}, {contig}, "
+    # the sizes are constexpr: the index arithmetic of a broadcast input divides by constants (multiply and shift,
+    # size-1 dimensions folded away) instead of by run-time 64-bit values, which cost more than the memory traffic
+    head = (f"def {name}_kernel({'part_ptr' if reduce else 'out_ptr'}, {ptrs}, n, d1: tl.constexpr, d2: tl.constexpr, "
+            f"d3: tl.constexpr, {strides}, {contig}, ")
     if reduce:
         lines = ["@triton.jit", head + "BLOCK: tl.constexpr, BLOCKS: tl.constexpr):",
                  "    start = tl.program_id(0).to(tl.int64) * (BLOCKS * BLOCK)",
