@@ -85,3 +85,15 @@ def test_triton_fusion_of_a_loss_into_one_reduction(cache_dir):
         assert "partials" in src, src
         v = evaluate(task, src, device="cuda", time_budget_s=1.0, remeasure_above=None)
         assert v.status == "correct", (recipe, v.reasons, v.message)
+
+
+@pytest.mark.parametrize("name", ["sum_reduction", "mean_reduction", "max_reduction", "argmax_reduction"])
+def test_reductions_over_a_dimension_as_triton_kernels(name, cache_dir):
+    """A reduction over one dimension (the built-in level-1 tasks) lowered by dimreduce under the `triton` recipe:
+    correct on the GPU, ties and all."""
+    task = load_task(f"gpu/level1/{name}")
+    a = rewrite.analyze(task.source)
+    src = render.render(task.source, ["triton"], a)
+    assert "_kc_dimreduce_kernel" in src, src
+    v = evaluate(task, src, device="cuda", time_budget_s=0.5, remeasure_above=None)
+    assert v.status == "correct", (name, v.reasons, v.message)

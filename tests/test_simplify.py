@@ -473,6 +473,6 @@ def test_triton_fusion_chains_a_region_read_twice_by_the_next():
     model, inputs = rewrite._build(rewrite._load_reference(load_task(CHAIN).source))
     gm = rewrite._trace(model, inputs)
     fused = tritonfuse.fuse(gm)  # lints the graph
-    assert fused is not None and len(fused.regions) == 2
+    assert fused is not None and len([r for r in fused.regions if r["name"].startswith("_kc_ew")]) == 2
     calls = [n for n in gm.graph.nodes if "_kc_ew" in getattr(n.target, "__name__", "")]
     assert len(calls) == 2 and calls[0] in calls[1].args

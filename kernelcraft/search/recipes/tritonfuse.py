@@ -214,7 +214,7 @@ def fuse(gm) -> Fused | None:
         if len(r) >= 2 or (r and kind):
             reduced.append((r, users[0] if kind else None, kind))
     if not reduced:
-        return None
+        return _with_dim_reductions(gm, [], [])
     sources, info, fused = [], [], {}  # fused: a replaced node -> its launcher call
     for idx, (members, red, kind) in enumerate(reduced):
         src, launcher, inputs = _emit(idx, members, low, kind)
@@ -231,6 +231,18 @@ def fuse(gm) -> Fused | None:
         info.append({"name": launcher.__name__, "ops": len(members), "inputs": len(inputs), "reduce": kind})
     g.lint()
     gm.recompile()
+    return _with_dim_reductions(gm, sources, info)
+
+
+def _with_dim_reductions(gm, sources: list[str], info: list[dict]) -> Fused | None:
+    """The reductions over one dimension left in the graph lowered too (`dimreduce`); None when nothing changed."""
+    from kernelcraft.search.recipes import dimreduce
+
+    lowered = dimreduce.lower(gm)
+    if lowered is not None:
+        sources, info = sources + [lowered[0]], info + lowered[1]
+    if not info:
+        return None
     header = "import triton\nimport triton.language as tl\n"
     return Fused(source=header + "\n\n".join(sources), regions=info)
 
