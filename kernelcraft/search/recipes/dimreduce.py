@@ -134,8 +134,8 @@ def _arg(n, i: int, name: str, default=None):
 
 
 def match(n):
-    """(node to replace, kind, input node, dim as written, keepdim) when `n` is a reduction over one dimension this module
-    lowers, else None. For `torch.max/min(x, dim)`, `n` is the `[0]`/`.values` node and the pair is never read
+    """(node to replace, kind, input node, dim as written, keepdim) when `n` is a reduction over one dimension
+    this module lowers, else None. For `torch.max/min(x, dim)`, `n` is the `[0]`/`.values` node and the pair is never read
     otherwise."""
     import torch
 
