@@ -74,6 +74,7 @@ QUICK = {
                          "test_freeze_and_thaw_a_child"],
     "test_learn.py": ["test_split_is_by_task_and_per_level_and_ci", "test_learn_cli_usage_errors"],
     "test_dim_reduce.py": ["test_a_reduction_over_one_dimension_becomes_one_kernel_call", "test_short_rows_run_the_pytorch_op"],
+    "test_pooling_kernels.py": ["test_a_pooling_becomes_one_kernel_call", "test_what_the_kernel_does_not_take_stays_pytorch"],
     "test_fuse_reduce.py": ["test_region_and_full_reduction_become_one_kernel", "test_near_misses_keep_the_reduction"],
     "test_lock_scope.py": ["test_bad_lock_scope_is_a_usage_error", "test_which_candidates_may_autotune"],
     "test_gate.py": ["test_no_path_is_a_no_op", "test_idle_floor_is_the_lowest_exclusive_calibration"],

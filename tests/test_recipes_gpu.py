@@ -87,13 +87,17 @@ def test_triton_fusion_of_a_loss_into_one_reduction(cache_dir):
         assert v.status == "correct", (recipe, v.reasons, v.message)
 
 
-@pytest.mark.parametrize("name", ["sum_reduction", "mean_reduction", "max_reduction", "argmax_reduction"])
-def test_reductions_over_a_dimension_as_triton_kernels(name, cache_dir):
-    """A reduction over one dimension (the built-in level-1 tasks) lowered by dimreduce under the `triton` recipe:
-    correct on the GPU, ties and all."""
+@pytest.mark.parametrize("name,kernel", [("sum_reduction", "_kc_dimreduce_kernel"),
+                                         ("mean_reduction", "_kc_dimreduce_kernel"),
+                                         ("max_reduction", "_kc_dimreduce_kernel"),
+                                         ("argmax_reduction", "_kc_dimreduce_kernel"),
+                                         ("maxpool2d", "_kc_pool_kernel"), ("avgpool2d", "_kc_pool_kernel")])
+def test_reductions_and_poolings_as_triton_kernels(name, kernel, cache_dir):
+    """A reduction over one dimension (dimreduce) or a pooling (pooling), the built-in level-1 tasks, lowered under
+    the `triton` recipe: correct on the GPU."""
     task = load_task(f"gpu/level1/{name}")
     a = rewrite.analyze(task.source)
     src = render.render(task.source, ["triton"], a)
-    assert "_kc_dimreduce_kernel" in src, src
+    assert kernel in src, src
     v = evaluate(task, src, device="cuda", time_budget_s=0.5, remeasure_above=None)
     assert v.status == "correct", (name, v.reasons, v.message)

@@ -214,7 +214,7 @@ def fuse(gm) -> Fused | None:
         if len(r) >= 2 or (r and kind):
             reduced.append((r, users[0] if kind else None, kind))
     if not reduced:
-        return _with_dim_reductions(gm, [], [])
+        return _with_lowerings(gm, [], [])
     sources, info, fused = [], [], {}  # fused: a replaced node -> its launcher call
     for idx, (members, red, kind) in enumerate(reduced):
         src, launcher, inputs = _emit(idx, members, low, kind)
@@ -231,16 +231,18 @@ def fuse(gm) -> Fused | None:
         info.append({"name": launcher.__name__, "ops": len(members), "inputs": len(inputs), "reduce": kind})
     g.lint()
     gm.recompile()
-    return _with_dim_reductions(gm, sources, info)
+    return _with_lowerings(gm, sources, info)
 
 
-def _with_dim_reductions(gm, sources: list[str], info: list[dict]) -> Fused | None:
-    """The reductions over one dimension left in the graph lowered too (`dimreduce`); None when nothing changed."""
-    from kernelcraft.search.recipes import dimreduce
+def _with_lowerings(gm, sources: list[str], info: list[dict]) -> Fused | None:
+    """The reductions over one dimension (`dimreduce`) and the poolings (`pooling`) left in the graph lowered too;
+    None when nothing changed."""
+    from kernelcraft.search.recipes import dimreduce, pooling
 
-    lowered = dimreduce.lower(gm)
-    if lowered is not None:
-        sources, info = sources + [lowered[0]], info + lowered[1]
+    for lower in (dimreduce.lower, pooling.lower):
+        lowered = lower(gm)
+        if lowered is not None:
+            sources, info = sources + [lowered[0]], info + lowered[1]
     if not info:
         return None
     header = "import triton\nimport triton.language as tl\n"
