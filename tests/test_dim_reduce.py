@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from kernelcraft.search.recipes import dimreduce, render as wrappers, rewrite, tritonfuse
+from kernelcraft.search.recipes import dimreduce
 
 import triton_interpreter
+from triton_fusion import LOAD, calls, candidate, fuse
 
 
 def _source(expr: str, shape=(4, 37, 50), dtype="float32") -> str:
@@ -17,25 +18,6 @@ def _source(expr: str, shape=(4, 37, 50), dtype="float32") -> str:
     return ("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
             f"        return {expr}\n"
             f"def get_inputs():\n    return [{make}]\ndef get_init_inputs():\n    return []\n")
-
-
-def _fuse(source: str):
-    model, inputs = rewrite._build(rewrite._load_reference(source))
-    gm = rewrite._trace(model, inputs)
-    return gm, model, tritonfuse.fuse(gm)
-
-
-def _candidate(source: str) -> str:
-    gm, model, fused = _fuse(source)
-    assert fused is not None
-    prelude, code = rewrite.render_graph(gm, model)
-    a = rewrite.Analysis(traced=True, variants={"": {"prelude": "", "code": "", "triton": {
-        "prelude": prelude, "code": code, "kernels": fused.source, "regions": fused.regions}}})
-    return wrappers.render(source, ["triton"], a)
-
-
-def _calls(gm) -> list:
-    return [getattr(n.target, "__name__", n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
 
 
 MATCHED = [("torch.sum(x, dim=1, keepdim=True)", "sum over dimension 1"),
@@ -51,9 +33,9 @@ MATCHED = [("torch.sum(x, dim=1, keepdim=True)", "sum over dimension 1"),
 
 @pytest.mark.parametrize("expr,what", MATCHED)
 def test_a_reduction_over_one_dimension_becomes_one_kernel_call(expr, what):
-    gm, _, fused = _fuse(_source(expr))
+    gm, _, fused = fuse(_source(expr))
     assert fused is not None and [r["reduce"] for r in fused.regions] == [what], expr
-    assert _calls(gm) == ["_kc_red0"]  # the reduction (and a max/min pair) erased
+    assert calls(gm) == ["_kc_red0"]  # the reduction (and a max/min pair) erased
     assert "_kc_dimreduce_kernel" in fused.source and "def _kc_red0(x):" in fused.source
     compile(fused.source, "kernels", "exec")
 
@@ -64,21 +46,21 @@ def test_a_reduction_over_one_dimension_becomes_one_kernel_call(expr, what):
                                   "torch.sum(x, 1, dtype=torch.float64)",
                                   "x.sum()", "torch.amax(x)"])  # every element: not one dimension
 def test_near_misses_are_left_to_pytorch(expr):
-    gm, _, fused = _fuse(_source(expr))
+    gm, _, fused = fuse(_source(expr))
     assert fused is None or all(not str(r["reduce"]).endswith(("dimension 0", "dimension 1", "dimension 2"))
                                 for r in fused.regions), (expr, fused and fused.regions)
-    assert not any(str(c).startswith("_kc_red") for c in _calls(gm)), expr
+    assert not any(str(c).startswith("_kc_red") for c in calls(gm)), expr
 
 
 def test_integer_tensors_are_left_to_pytorch():
-    gm, _, fused = _fuse(_source("torch.sum(x, dim=1)", dtype="int64"))
-    assert fused is None and "sum" in _calls(gm)
+    gm, _, fused = fuse(_source("torch.sum(x, dim=1)", dtype="int64"))
+    assert fused is None and "sum" in calls(gm)
 
 
 def test_an_elementwise_region_then_a_reduction_over_a_dimension():
-    gm, _, fused = _fuse(_source("torch.relu(x * 2.0 + 1.0).sum(dim=1)"))
+    gm, _, fused = fuse(_source("torch.relu(x * 2.0 + 1.0).sum(dim=1)"))
     assert fused is not None and [r["reduce"] for r in fused.regions] == [None, "sum over dimension 1"]
-    assert _calls(gm) == ["_kc_ew0", "_kc_red0"]
+    assert calls(gm) == ["_kc_ew0", "_kc_red0"]
 
 
 # (expression, input shapes, how the input is drawn): inner tiles and R chunks of more than one, keepdim, NaNs,
@@ -97,7 +79,7 @@ CASES = [("torch.sum(x, dim=1, keepdim=True)", [(4, 37, 50), (2, 300, 3), (3, 5,
 
 def test_short_rows_run_the_pytorch_op():
     """A program must read at least MIN_WORK elements, decided by shape at run time: else the PyTorch op runs."""
-    _, _, fused = _fuse(_source("torch.sum(x, dim=1)"))
+    _, _, fused = fuse(_source("torch.sum(x, dim=1)"))
     assert "if R * min(inner, 128) < 2048:\n        return fallback()" in fused.source
 
 
@@ -107,17 +89,14 @@ def test_generated_kernels_match_pytorch_in_the_interpreter(tmp_path, monkeypatc
     for i, (expr, shapes, draw) in enumerate(CASES):
         ref, cand = tmp_path / f"ref{i}.py", tmp_path / f"cand{i}.py"
         ref.write_text(_source(expr))
-        cand.write_text(_candidate(_source(expr)))
+        cand.write_text(candidate(_source(expr)))
         assert "< 1:" in cand.read_text()
         cases.append((str(ref), str(cand), shapes, draw))
     listing = tmp_path / "cases.json"
     listing.write_text(json.dumps(cases))
     proc = triton_interpreter.run(f"""
         import json, types, torch
-        def load(path, name):
-            mod = types.ModuleType(name)
-            exec(compile(open(path).read(), path, "exec"), mod.__dict__)
-            return mod
+        exec({LOAD!r})
         def make(shape, draw):
             if draw == "ties":
                 return torch.randint(0, 3, shape).float()

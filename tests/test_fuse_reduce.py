@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from kernelcraft.search.recipes import render as wrappers, rewrite, tritonfuse
+from kernelcraft.search.recipes import tritonfuse
 
 import triton_interpreter
+from triton_fusion import LOAD, calls, candidate, fuse
 
 HINGE = "torch.mean(torch.clamp(1 - p * t, min=0))"
 MSE = "torch.mean((p - t) ** 2)"
@@ -25,33 +26,14 @@ def _source(expr: str, shapes=((64, 300), (300,)), dtype="float32", pre: str = "
             f"def get_inputs():\n    return [{ins}]\ndef get_init_inputs():\n    return []\n")
 
 
-def _fuse(source: str):
-    model, inputs = rewrite._build(rewrite._load_reference(source))
-    gm = rewrite._trace(model, inputs)
-    return gm, model, tritonfuse.fuse(gm)
-
-
-def _candidate(source: str) -> str:
-    gm, model, fused = _fuse(source)
-    assert fused is not None
-    prelude, code = rewrite.render_graph(gm, model)
-    a = rewrite.Analysis(traced=True, variants={"": {"prelude": "", "code": "", "triton": {
-        "prelude": prelude, "code": code, "kernels": fused.source, "regions": fused.regions}}})
-    return wrappers.render(source, ["triton"], a)
-
-
-def _targets(gm) -> list:
-    return [getattr(n.target, "__name__", n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
-
-
 @pytest.mark.parametrize("expr,kind,ops", [(HINGE, "mean", 3), (MSE, "mean", 2), (L1, "sum", 2),
                                            ("(p * p).sum()", "sum", 1), ("torch.sum(p - t, dim=None)", "sum", 1),
                                            ("torch.pow(p - t, 2).mean()", "mean", 2)])
 def test_region_and_full_reduction_become_one_kernel(expr, kind, ops):
-    gm, _, fused = _fuse(_source(expr))
+    gm, _, fused = fuse(_source(expr))
     assert fused is not None and len(fused.regions) == 1
     assert fused.regions[0] == {"name": "_kc_ew0", "ops": ops, "inputs": 2 if "t" in expr else 1, "reduce": kind}
-    assert _targets(gm) == ["_kc_ew0"]  # region members and the reduction erased
+    assert calls(gm) == ["_kc_ew0"]  # region members and the reduction erased
     out = next(n for n in gm.graph.nodes if n.op == "call_function")
     assert tuple(out.meta["tensor_meta"].shape) == ()
     src = fused.source
@@ -63,9 +45,9 @@ def test_region_and_full_reduction_become_one_kernel(expr, kind, ops):
 
 
 def test_square_is_lowered_only_for_the_exponent_two():
-    gm, _, fused = _fuse(_source("((p - t) ** 3).sum()"))
-    assert fused is None and "sum" in _targets(gm)
-    _, _, fused = _fuse(_source("((p - t) ** 2.0).sum()"))
+    gm, _, fused = fuse(_source("((p - t) ** 3).sum()"))
+    assert fused is None and "sum" in calls(gm)
+    _, _, fused = fuse(_source("((p - t) ** 2.0).sum()"))
     assert fused is not None and fused.regions[0]["ops"] == 2 and "((v0) * (v0))" in fused.source
 
 
@@ -73,23 +55,23 @@ def test_square_is_lowered_only_for_the_exponent_two():
                                   "torch.mean(d, dtype=torch.float32)",
                                   "d.sum() + d.amax()"])  # the region's output has a second user
 def test_near_misses_keep_the_reduction(expr):
-    gm, _, fused = _fuse(_source(expr, pre="d = (p - t).abs()"))
+    gm, _, fused = fuse(_source(expr, pre="d = (p - t).abs()"))
     assert fused is not None and all(r["reduce"] is None for r in fused.regions if r["name"].startswith("_kc_ew")), expr
     # the reduction stays outside the region's kernel: PyTorch's, or one over a dimension of its own (dimreduce)
-    assert any(t in ("sum", "mean") or str(t).startswith("_kc_red") for t in _targets(gm))
+    assert any(t in ("sum", "mean") or str(t).startswith("_kc_red") for t in calls(gm))
 
 
 def test_second_user_and_single_op_without_reduction():
-    gm, _, fused = _fuse(_source("torch.sum(p * t) + (p * t).sum(0).sum()"))  # traced: two separate muls
+    gm, _, fused = fuse(_source("torch.sum(p * t) + (p * t).sum(0).sum()"))  # traced: two separate muls
     assert fused is not None and [r["reduce"] for r in fused.regions] == ["sum", "sum over dimension 0"]
-    gm, _, fused = _fuse(_source("d.sum() + d[0].sum()", pre="d = p * t"))  # one op whose output has two users: nothing to fuse
-    assert fused is None and _targets(gm).count("sum") == 2
-    assert _fuse(_source("p * t"))[2] is None  # one op, no reduction: the >= 2 rule
+    gm, _, fused = fuse(_source("d.sum() + d[0].sum()", pre="d = p * t"))  # one op whose output has two users: nothing to fuse
+    assert fused is None and calls(gm).count("sum") == 2
+    assert fuse(_source("p * t"))[2] is None  # one op, no reduction: the >= 2 rule
 
 
 def test_integer_tensors_are_not_fused():
-    gm, _, fused = _fuse(_source(L1, dtype="int64"))
-    assert fused is None and "sum" in _targets(gm)
+    gm, _, fused = fuse(_source(L1, dtype="int64"))
+    assert fused is None and "sum" in calls(gm)
 
 
 def test_generated_candidates_match_the_reference_in_the_interpreter(tmp_path, monkeypatch):
@@ -104,21 +86,18 @@ def test_generated_candidates_match_the_reference_in_the_interpreter(tmp_path, m
             ("(p * p).sum() / t.sum()", [[[64, 300], [300]]])]):
         ref, cand = tmp_path / f"ref{i}.py", tmp_path / f"cand{i}.py"
         ref.write_text(_source(expr))
-        cand.write_text(_candidate(_source(expr)))
+        cand.write_text(candidate(_source(expr)))
         cases.append((str(ref), str(cand), shapes))
     monkeypatch.setattr(tritonfuse, "REDUCE_PROGRAMS", 2)  # n = 19200: BLOCKS = 16, two programs
     cand = tmp_path / "cand_loop.py"
-    cand.write_text(_candidate(_source(HINGE)))
+    cand.write_text(candidate(_source(HINGE)))
     assert "BLOCKS=blocks" in cand.read_text() and "min(64, triton.next_power_of_2(triton.cdiv(n, 2048)))" in cand.read_text()
     cases.append((cases[0][0], str(cand), [[[64, 300], [300]], [[7, 5000], [5000]]]))
     listing = tmp_path / "cases.json"
     listing.write_text(json.dumps(cases))
     proc = triton_interpreter.run(f"""
         import json, types, torch
-        def load(path, name):
-            mod = types.ModuleType(name)
-            exec(compile(open(path).read(), path, "exec"), mod.__dict__)
-            return mod
+        exec({LOAD!r})
         def make(shape):
             return torch.randn(*shape[1:]).t() if shape[0] == "T" else torch.randn(*shape)
         for ref, cand, shape_sets in json.load(open({str(listing)!r})):

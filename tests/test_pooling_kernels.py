@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from kernelcraft.search.recipes import render as wrappers, rewrite, tritonfuse
-
 import triton_interpreter
+from triton_fusion import LOAD, calls, candidate, fuse
 
 
 def _source(init: str, expr: str, shape=(2, 3, 20, 22)) -> str:
@@ -16,25 +15,6 @@ def _source(init: str, expr: str, shape=(2, 3, 20, 22)) -> str:
             "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
             f"        self.pool = {init}\n    def forward(self, x):\n        return {expr}\n"
             f"def get_inputs():\n    return [torch.randn{shape}]\ndef get_init_inputs():\n    return []\n")
-
-
-def _fuse(source: str):
-    model, inputs = rewrite._build(rewrite._load_reference(source))
-    gm = rewrite._trace(model, inputs)
-    return gm, model, tritonfuse.fuse(gm)
-
-
-def _candidate(source: str) -> str:
-    gm, model, fused = _fuse(source)
-    assert fused is not None
-    prelude, code = rewrite.render_graph(gm, model)
-    a = rewrite.Analysis(traced=True, variants={"": {"prelude": "", "code": "", "triton": {
-        "prelude": prelude, "code": code, "kernels": fused.source, "regions": fused.regions}}})
-    return wrappers.render(source, ["triton"], a)
-
-
-def _calls(gm) -> list:
-    return [getattr(n.target, "__name__", n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
 
 
 # (module, forward, input shape): 1-3 spatial dimensions, strides, padding, dilation, count_include_pad
@@ -54,9 +34,9 @@ CASES = [("nn.MaxPool2d(3, stride=2, padding=1)", "self.pool(x)", (2, 3, 20, 22)
 
 @pytest.mark.parametrize("init,expr,shape", CASES[:3] + CASES[8:10])
 def test_a_pooling_becomes_one_kernel_call(init, expr, shape):
-    gm, _, fused = _fuse(_source(init, expr, shape))
+    gm, _, fused = fuse(_source(init, expr, shape))
     assert fused is not None and [r["name"] for r in fused.regions] == ["_kc_pool0"], fused and fused.regions
-    assert "_kc_pool0" in _calls(gm) and not any("pool" in str(c) and c != "_kc_pool0" for c in _calls(gm))
+    assert "_kc_pool0" in calls(gm) and not any("pool" in str(c) and c != "_kc_pool0" for c in calls(gm))
     assert "_kc_pool_kernel" in fused.source
     compile(fused.source, "kernels", "exec")
 
@@ -67,7 +47,7 @@ def test_a_pooling_becomes_one_kernel_call(init, expr, shape):
                                        ("nn.Identity()", "F.avg_pool2d(x, 3, ceil_mode=True)"),
                                        ("nn.AdaptiveAvgPool2d(4)", "self.pool(x)")])
 def test_what_the_kernel_does_not_take_stays_pytorch(init, expr):
-    gm, _, fused = _fuse(_source(init, expr))
+    gm, _, fused = fuse(_source(init, expr))
     assert fused is None or not any(r["name"].startswith("_kc_pool") for r in fused.regions), fused.regions
 
 
@@ -76,17 +56,14 @@ def test_generated_kernels_match_pytorch_in_the_interpreter(tmp_path):
     for i, (init, expr, shape) in enumerate(CASES):
         ref, cand = tmp_path / f"ref{i}.py", tmp_path / f"cand{i}.py"
         ref.write_text(_source(init, expr, shape))
-        cand.write_text(_candidate(_source(init, expr, shape)))
+        cand.write_text(candidate(_source(init, expr, shape)))
         assert "_kc_pool_kernel" in cand.read_text()
         cases.append((str(ref), str(cand), list(shape)))
     listing = tmp_path / "cases.json"
     listing.write_text(json.dumps(cases))
     proc = triton_interpreter.run(f"""
         import json, types, torch
-        def load(path, name):
-            mod = types.ModuleType(name)
-            exec(compile(open(path).read(), path, "exec"), mod.__dict__)
-            return mod
+        exec({LOAD!r})
         for ref, cand, shape in json.load(open({str(listing)!r})):
             m_ref, m_new = load(ref, "ref").Model(), load(cand, "cand").ModelNew()
             for nan in (False, True):
