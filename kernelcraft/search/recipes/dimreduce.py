@@ -33,8 +33,8 @@ def _kc_dimreduce_kernel(x_ptr, out_ptr, R, I, TILES, KIND: tl.constexpr, BLOCK_
                          BLOCK_I: tl.constexpr):
     # KIND: 0 sum, 1 mean, 2 amax, 3 amin, 4 argmax, 5 argmin
     pid = tl.program_id(0).to(tl.int64)
-    o, t = pid // TILES, pid % TILES
-    i = t * BLOCK_I + tl.arange(0, BLOCK_I)
+    o, t = pid // TILES, (pid % TILES).to(tl.int32)
+    i = t * BLOCK_I + tl.arange(0, BLOCK_I)  # offsets inside one outer slab (R x I) in int32
     imask = i < I
     base = x_ptr + o * R * I
     lanes = tl.arange(0, BLOCK_R)
@@ -45,9 +45,9 @@ def _kc_dimreduce_kernel(x_ptr, out_ptr, R, I, TILES, KIND: tl.constexpr, BLOCK_
     else:
         neutral = float("inf")
     acc = tl.full([BLOCK_R, BLOCK_I], neutral, tl.float32)
-    at = tl.full([BLOCK_R, BLOCK_I], -1, tl.int64)  # argmax/argmin: each lane's first extreme so far
+    at = tl.full([BLOCK_R, BLOCK_I], -1, tl.int32)  # argmax/argmin: each lane's first extreme so far
     for r0 in range(0, R, BLOCK_R):
-        r = (r0 + lanes).to(tl.int64)
+        r = r0 + lanes
         m = (r < R)[:, None] & imask[None, :]
         v = tl.load(base + r[:, None] * I + i[None, :], mask=m, other=neutral).to(tl.float32)
         if KIND <= 1:
@@ -84,7 +84,7 @@ def _kc_dimreduce_kernel(x_ptr, out_ptr, R, I, TILES, KIND: tl.constexpr, BLOCK_
             ext = tl.min(tl.where(used & (is_nan == 0), acc, float("inf")), axis=0)
         hit = used & tl.where(any_nan[None, :], is_nan, acc == ext[None, :])
         idx = tl.min(tl.where(hit, at, R), axis=0)
-        tl.store(out_ptr + o * I + i, idx, mask=imask)
+        tl.store(out_ptr + o * I + i, idx.to(tl.int64), mask=imask)
 '''
 
 LAUNCHER = '''
@@ -96,7 +96,7 @@ def _kc_dimreduce(x, dim, keepdim, kind, fallback):
     dim = dim % x.dim()
     outer = math.prod(x.shape[:dim])
     R, inner = x.shape[dim], math.prod(x.shape[dim + 1:])
-    if R * min(inner, {max_inner}) < {min_work}:
+    if R * min(inner, {max_inner}) < {min_work} or R * inner >= 2 ** 31:  # a slab's offsets are int32
         return fallback()
     x = x.contiguous()
     shape = list(x.shape)

@@ -21,12 +21,12 @@ def _kc_pool_kernel(x_ptr, out_ptr, n_out, D: tl.constexpr, H: tl.constexpr, W: 
                     COUNT_PAD: tl.constexpr, BLOCK: tl.constexpr):
     o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = o < n_out
-    ow = o % OW
+    ow = (o % OW).to(tl.int32)  # positions inside one (D, H, W) plane in int32: the taps' arithmetic is per tap
     t = o // OW
-    oh = t % OH
+    oh = (t % OH).to(tl.int32)
     t = t // OH
-    od = t % OD
-    base = x_ptr + (t // OD) * (D * H * W)
+    od = (t % OD).to(tl.int32)
+    base = x_ptr + (t // OD) * (D * H * W)  # the plane's start in int64
     if IS_MAX:
         neutral = float("-inf")
     else:
@@ -73,7 +73,7 @@ def _kc_pool(x, nd, is_max, kernel_size, stride, padding, dilation, count_includ
     lift = (1,) * (3 - nd)
     size, k, s, d, p = lift + tuple(x.shape[2:]), lift + k, lift + s, lift + d, (0,) * (3 - nd) + p
     out_size = tuple((size[i] + 2 * p[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(3))
-    if min(out_size) < 1:
+    if min(out_size) < 1 or math.prod(size) >= 2 ** 31:  # one plane's offsets are int32 in the kernel
         return fallback()
     x = x.contiguous()
     out = torch.empty(tuple(x.shape[:2]) + out_size[3 - nd:], dtype=x.dtype, device=x.device)
@@ -189,4 +189,4 @@ def lower(gm) -> tuple[str, list[dict]] | None:
         info.append({"name": name, "ops": 0, "inputs": 1, "reduce": what})
     g.lint()
     gm.recompile()
-    return KERNELS + "\n" + LAUNCHER.format(block=BLOCK) + "\n\n" + "\n\n".join(defs), info
+    return "import math\n" + KERNELS + "\n" + LAUNCHER.format(block=BLOCK) + "\n\n" + "\n\n".join(defs), info
