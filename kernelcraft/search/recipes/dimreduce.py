@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import operator
 
+from kernelcraft.search.recipes.render import generated_launcher
+
 KINDS = ("sum", "mean", "amax", "amin", "argmax", "argmin")
 MAX_TILE = 2048  # elements of one program's (R chunk x inner tile) accumulator
 MAX_INNER = 128  # inner positions per program
@@ -194,13 +196,7 @@ def lower(gm) -> tuple[str, list[dict]] | None:
     g, info, defs = gm.graph, [], []
     for idx, (out, kind, x, dim, keepdim) in enumerate(found):
         name = f"_kc_red{idx}"
-
-        def launcher(*a):  # placeholder object: the graph calls it by name, the generated module defines it
-            raise RuntimeError("generated launcher placeholder")
-
-        launcher.__name__ = launcher.__qualname__ = name
-        launcher.__module__ = "kernelcraft_generated"
-        launcher._kc_generated = True
+        launcher = generated_launcher(name)
         defs.append(f"def {name}(x):\n    return _kc_dimreduce(x, {dim}, {keepdim}, {kind!r}, "
                     f"lambda: torch.{kind}(x, dim={dim}, keepdim={keepdim}))\n")
         with g.inserting_before(out):

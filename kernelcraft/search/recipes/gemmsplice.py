@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kernelcraft.search.recipes import gemmparts, tunetemplates
 from kernelcraft.search.recipes.tunable import Match
 from kernelcraft.search.recipes.gemmparts import _dt, _meta
+from kernelcraft.search.recipes.render import generated_launcher
 
 
 @dataclass
@@ -137,16 +138,6 @@ def regions(gm) -> list[Region]:
     return found
 
 
-def _launcher(name: str):
-    def launcher(*a):  # placeholder object: the graph calls it by name, the generated module defines it
-        raise RuntimeError("generated launcher placeholder")
-
-    launcher.__name__ = launcher.__qualname__ = name
-    launcher.__module__ = "kernelcraft_generated"
-    launcher._kc_generated = True
-    return launcher
-
-
 def kernel_source(i: int, region: Region) -> str:
     """Region i's kernel module, its names suffixed (`_kc_g{i}_*`), and `_kc_gemm{i}(a, b, vectors)` running it
     with the configuration `_KC_GEMM{i}_CONFIG`, a module global the rendered candidate defines."""
@@ -176,7 +167,7 @@ def splice(gm) -> Spliced | None:
         out, name = r.output, f"_kc_gemm{i}"
         with g.inserting_before(out):
             a, b = value(r.a), value(r.b)
-            call = g.call_function(_launcher(name), (a, b, tuple(value(v) for v in r.vectors)))
+            call = g.call_function(generated_launcher(name), (a, b, tuple(value(v) for v in r.vectors)))
         call.meta["tensor_meta"] = out.meta.get("tensor_meta")
         out.replace_all_uses_with(call)
         replaced[out] = call

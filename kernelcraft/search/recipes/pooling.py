@@ -10,6 +10,8 @@ Rationale: docs/design/recipes.md#pooling
 """
 from __future__ import annotations
 
+from kernelcraft.search.recipes.render import generated_launcher
+
 BLOCK = 256  # output elements per program
 
 KERNELS = '''
@@ -160,13 +162,7 @@ def lower(gm) -> tuple[str, list[dict]] | None:
     g, info, defs = gm.graph, [], []
     for idx, m in enumerate(found):
         n, name = m[1], f"_kc_pool{idx}"
-
-        def launcher(*a):  # placeholder object: the graph calls it by name, the generated module defines it
-            raise RuntimeError("generated launcher placeholder")
-
-        launcher.__name__ = launcher.__qualname__ = name
-        launcher.__module__ = "kernelcraft_generated"
-        launcher._kc_generated = True
+        launcher = generated_launcher(name)
         x = n.args[0]
         with g.inserting_before(n):
             if m[0] == "module":

@@ -108,6 +108,18 @@ def _indent(text: str, n: int) -> str:
     return textwrap.indent(text, " " * n)
 
 
+def generated_launcher(name: str):
+    """A placeholder for a function the generated module defines: an FX graph calls it by `name`, and
+    `rewrite.render_graph` binds that name in the candidate (`_kc_generated`); calling the placeholder is an error."""
+    def launcher(*a):
+        raise RuntimeError("generated launcher placeholder")
+
+    launcher.__name__ = launcher.__qualname__ = name
+    launcher.__module__ = "kernelcraft_generated"
+    launcher._kc_generated = True
+    return launcher
+
+
 def indent_block(text: str, n: int) -> str:
     """`text` dedented, its leading and trailing blank lines dropped, indented by n spaces (generated source)."""
     return textwrap.indent(textwrap.dedent(text).strip("\n"), " " * n)

@@ -13,6 +13,8 @@ import math
 import operator
 from dataclasses import dataclass, field
 
+from kernelcraft.search.recipes.render import generated_launcher
+
 BLOCK = 1024
 MAX_RANK = 4
 REDUCE_PROGRAMS = 16384  # a full reduction's grid: about this many programs at most, each summing BLOCKS blocks
@@ -341,11 +343,4 @@ def _emit(idx: int, members: list, low: dict, reduce: str | None = None):
             f"        BLOCK={BLOCK}, num_warps=4)",
             "    return out",
         ]
-
-    def launcher(*a):  # placeholder object: the graph calls it by name, the generated module defines it
-        raise RuntimeError("generated launcher placeholder")
-
-    launcher.__name__ = launcher.__qualname__ = name
-    launcher.__module__ = "kernelcraft_generated"
-    launcher._kc_generated = True
-    return "\n".join(lines), launcher, inputs
+    return "\n".join(lines), generated_launcher(name), inputs

@@ -7,7 +7,6 @@ Rationale: docs/design/recipes.md#tunetemplates
 """
 from __future__ import annotations
 
-
 from kernelcraft.search.recipes import rownorm, rowscan, tunable
 from kernelcraft.search.recipes.render import indent_block, reference_parts
 
