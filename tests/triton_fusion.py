@@ -2,7 +2,7 @@
 traced and fused as the `recipes` analysis does it, the candidate rendered from that, the calls left in the graph."""
 from __future__ import annotations
 
-from kernelcraft.search.recipes import render, rewrite, tritonfuse
+from kernelcraft.search.recipes import render, rewrite
 
 # the interpreter scripts' loader of a reference or candidate file as a module of its own
 LOAD = '''
@@ -14,10 +14,10 @@ def load(path, name):
 
 
 def fuse(source: str):
-    """(graph module, reference model, `tritonfuse.fuse`'s result) for the reference in `source`."""
+    """(graph module, reference model, `rewrite.triton_kernels`'s result) for the reference in `source`."""
     model, inputs = rewrite._build(rewrite._load_reference(source))
     gm = rewrite._trace(model, inputs)
-    return gm, model, tritonfuse.fuse(gm)
+    return gm, model, rewrite.triton_kernels(gm)
 
 
 def candidate(source: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 
+from kernelcraft.search.recipes.gemmparts import _arg, _meta
 from kernelcraft.search.recipes.render import generated_launcher
 
 KINDS = ("sum", "mean", "amax", "amin", "argmax", "argmin")
@@ -117,11 +118,6 @@ def _kc_dimreduce(x, dim, keepdim, kind, fallback):
 '''
 
 
-def _meta(n):
-    tm = n.meta.get("tensor_meta") if hasattr(n, "meta") else None
-    return tm if tm is not None and hasattr(tm, "shape") else None
-
-
 def _dim(dim, rank: int) -> int | None:
     """`dim` (an int or a one-element list/tuple) as a dimension index of `rank` dimensions, else None."""
     if isinstance(dim, (list, tuple)):
@@ -129,10 +125,6 @@ def _dim(dim, rank: int) -> int | None:
     if not isinstance(dim, int) or isinstance(dim, bool) or not -rank <= dim < rank:
         return None
     return dim % rank
-
-
-def _arg(n, i: int, name: str, default=None):
-    return n.args[i] if len(n.args) > i else n.kwargs.get(name, default)
 
 
 def match(n):

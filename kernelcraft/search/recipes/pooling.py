@@ -10,6 +10,7 @@ Rationale: docs/design/recipes.md#pooling
 """
 from __future__ import annotations
 
+from kernelcraft.search.recipes.gemmparts import _dt, _meta
 from kernelcraft.search.recipes.render import generated_launcher
 
 BLOCK = 256  # output elements per program
@@ -113,11 +114,8 @@ def _modules():
 
 
 def _floating_batched(x, nd: int) -> bool:
-    import torch
-
-    tm = x.meta.get("tensor_meta") if hasattr(x, "meta") else None
-    return tm is not None and hasattr(tm, "shape") and len(tm.shape) == nd + 2 and \
-        tm.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    tm = _meta(x)
+    return tm is not None and len(tm.shape) == nd + 2 and _dt(x) in ("float32", "float16", "bfloat16")
 
 
 def _settings(n, is_max: bool) -> dict | None:

@@ -16,8 +16,8 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from kernelcraft.search.recipes import (activations, convreduce, fxrules, gemmsplice, poollinear, reductions, simplify,
-                                        tritonfuse, tunematch)
+from kernelcraft.search.recipes import (activations, convreduce, dimreduce, fxrules, gemmsplice, pooling, poollinear,
+                                        reductions, simplify, tritonfuse, tunematch)
 from kernelcraft.search.recipes.fxrules import _dtype, _torch
 
 # simplifications first: they expose work for the others (sum(x @ W.T / 2) -> sum(x @ W.T) / 2 -> a GEMV)
@@ -285,7 +285,7 @@ def run_analysis(source: str) -> dict:
         result["variants"][variant_key(subset)] = variant
         variant["gemm"] = _gemm_variant(gm_v, model) if inputs is not None else None
         try:  # a region Triton cannot fuse costs the triton recipe only, never the plain rewrite
-            fused = tritonfuse.fuse(gm_v) if inputs is not None else None
+            fused = triton_kernels(gm_v) if inputs is not None else None
             if fused is not None:
                 t_prelude, t_code = render_graph(gm_v, model)
                 variant["triton"] = {"prelude": t_prelude, "code": t_code, "kernels": fused.source,
@@ -293,6 +293,20 @@ def run_analysis(source: str) -> dict:
         except Exception:
             pass
     return result
+
+
+def triton_kernels(gm) -> tritonfuse.Fused | None:
+    """The `triton` recipe's generated kernels, gm changed to call them: elementwise regions fused (`tritonfuse`),
+    then the reductions over one dimension (`dimreduce`) and the poolings (`pooling`) left in the graph; None when
+    nothing changed."""
+    fused = tritonfuse.fuse(gm)
+    sources, regions = ([fused.source], list(fused.regions)) if fused else ([tritonfuse.HEADER], [])
+    for lower in (dimreduce.lower, pooling.lower):
+        lowered = lower(gm)
+        if lowered is not None:
+            sources.append(lowered[0])
+            regions += lowered[1]
+    return tritonfuse.Fused(source="\n\n".join(sources), regions=regions) if regions else None
 
 
 def _gemm_variant(gm_v, model) -> dict | None:

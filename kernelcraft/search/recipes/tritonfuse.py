@@ -17,6 +17,7 @@ from kernelcraft.search.recipes.render import generated_launcher
 
 BLOCK = 1024
 MAX_RANK = 4
+HEADER = "import triton\nimport triton.language as tl\n"  # what every generated kernel module starts with
 REDUCE_PROGRAMS = 16384  # a full reduction's grid: about this many programs at most, each summing BLOCKS blocks
 MAX_BLOCKS = 64  # ... of at most this many consecutive blocks
 
@@ -216,7 +217,7 @@ def fuse(gm) -> Fused | None:
         if len(r) >= 2 or (r and kind):
             reduced.append((r, users[0] if kind else None, kind))
     if not reduced:
-        return _with_lowerings(gm, [], [])
+        return None
     sources, info, fused = [], [], {}  # fused: a replaced node -> its launcher call
     for idx, (members, red, kind) in enumerate(reduced):
         src, launcher, inputs = _emit(idx, members, low, kind)
@@ -233,22 +234,7 @@ def fuse(gm) -> Fused | None:
         info.append({"name": launcher.__name__, "ops": len(members), "inputs": len(inputs), "reduce": kind})
     g.lint()
     gm.recompile()
-    return _with_lowerings(gm, sources, info)
-
-
-def _with_lowerings(gm, sources: list[str], info: list[dict]) -> Fused | None:
-    """The reductions over one dimension (`dimreduce`) and the poolings (`pooling`) left in the graph lowered too;
-    None when nothing changed."""
-    from kernelcraft.search.recipes import dimreduce, pooling
-
-    for lower in (dimreduce.lower, pooling.lower):
-        lowered = lower(gm)
-        if lowered is not None:
-            sources, info = sources + [lowered[0]], info + lowered[1]
-    if not info:
-        return None
-    header = "import triton\nimport triton.language as tl\n"
-    return Fused(source=header + "\n\n".join(sources), regions=info)
+    return Fused(source=HEADER + "\n\n".join(sources), regions=info)
 
 
 def _emit(idx: int, members: list, low: dict, reduce: str | None = None):
