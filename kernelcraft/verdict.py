@@ -143,6 +143,9 @@ class Timing(BaseModel):
     untimed_windows: dict[str, int] | None = Field(None, description="how many such requests each side answered")
     billed_ms: float | None = Field(None, description="ms added to every candidate sample: its untimed CPU time "
                                     "beyond the reference's (and a small allowance), spread over the timed rounds")
+    untimed_cpu_top: dict[str, float] | None = Field(None, description="the candidate's processes that used the most "
+                                                     "untimed CPU time, by name (`comm`; its own process marked "
+                                                     "'(side)'), in ms: what billed_ms was billed for")
     note: str | None = Field(None, description="'host too noisy: ...' when the CI cannot resolve the speedup "
                              "(judge/speed/timing.py noise_note), or candidate processes that disagree; the CLI warns")
 
@@ -183,7 +186,8 @@ class Env(BaseModel):
     prepare_s: dict[str, float] | None = None  # the candidate process's `prepare` phase by part (as that process saw it)
     isolation: dict | None = None  # how the candidate's process was fenced off (judge.process.isolation.describe)
     reference: str | None = None  # "fresh" (imported and constructed for this candidate) or "warm" (judge.caller.warm)
-    first_call: str | None = None  # "alone": the candidate's first call had the device to itself (it may autotune)
+    first_call: str | None = None  # "alone": the candidate's first call had the device to itself (it may autotune,
+    # or the whole job held the device alone)
 
 
 class Verdict(BaseModel):

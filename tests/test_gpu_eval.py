@@ -305,7 +305,8 @@ class ModelNew(nn.Module):
 
 def test_a_compiled_candidates_first_call_has_the_gpu_alone(tmp_path):
     """A `torch.compile` candidate beside a busy neighbour (`judge/speed/gate.py`): its first call, where inductor
-    tunes, holds the GPU alone and the verdict says so; the neighbour's first call shares; both are correct."""
+    tunes, holds the GPU alone and the verdict says so; the neighbour's first call shares; both are correct. The
+    compile-worker pool it left is shut before timing: only its own process is in the CPU ledger."""
     from kernelcraft.serve.pool import Pool
 
     busy, compiled = tmp_path / "busy.py", tmp_path / "compiled.py"
@@ -317,3 +318,5 @@ def test_a_compiled_candidates_first_call_has_the_gpu_alone(tmp_path):
     for i, c in enumerate((busy, compiled)):
         assert got[i].status == "correct", f"{c.name}: {got[i].status}/{got[i].reasons}: {got[i].message[:3000]}"
     assert got[0].env.first_call is None and got[1].env.first_call == "alone"
+    top = got[1].timing.untimed_cpu_top  # inductor's compile workers were shut after the first call: none billed
+    assert top and all(name.endswith("(side)") for name in top), got[1].timing

@@ -225,6 +225,8 @@ def test_an_autotuning_candidates_first_call_has_the_device_alone(cache_dir):
     assert v.phases_s["wait_device"] >= 4.0, v.phases_s
     plain = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, lock_scope="timing", cache_dir=cache_dir)
     assert plain.status == "correct" and plain.env.first_call is None
+    held_all = evaluate(TASK, CAND, device="cpu", trials=1, timing=False, lock_scope="device", cache_dir=cache_dir)
+    assert held_all.status == "correct" and held_all.env.first_call == "alone"  # the job held the device throughout
 
 
 def test_which_candidates_may_autotune():

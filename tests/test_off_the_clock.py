@@ -190,3 +190,17 @@ def test_cpu_a_candidate_uses_outside_its_timed_calls_is_billed(tmp_path):
     t = v.timing
     assert t.untimed_cpu_ms["candidate"] > 1.5 * t.untimed_cpu_ms["reference"], t
     assert t.billed_ms > 0, t
+    assert next(iter(t.untimed_cpu_top)).endswith("(side)"), t.untimed_cpu_top  # the spinning thread's process
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's CPU clocks of other processes")
+def test_compile_workers_torch_compile_left_are_not_billed(monkeypatch):
+    """`torch.compile` leaves a pool of idle compile-worker processes in the candidate's process group (on a GPU,
+    after compiling Triton kernels; the fixture starts it on the CPU); woken at every thaw, they would be billed for
+    the judge's own freezing. The side shuts the pool after its first call, so during timing only the side's own
+    process uses untimed CPU time."""
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "2")  # a pool whatever the host's core count
+    v = evaluate(FIX / "tasks" / "guard_elementwise.py", FIX / "legit" / "compile_worker_pool.py", device="cpu",
+                 time_budget_s=0.3, processes=1, remeasure_above=None)
+    assert v.status == "correct", v.message
+    assert v.timing.untimed_cpu_top and all(name.endswith("(side)") for name in v.timing.untimed_cpu_top), v.timing

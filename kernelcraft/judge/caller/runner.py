@@ -69,6 +69,10 @@ def worker_env(root: Path, visible_gpu: str | None) -> dict:
     env.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
+    # torch.compile compiles in the candidate's own process: a pool of compile workers (one per core, up to 32)
+    # costs seconds to start for a level-1 graph's one or two kernels, and its idle processes would sit in the side's
+    # process group through timing (the side shuts any pool after its first call: `Side.cmd_settle`)
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     # OpenMP threads that spin after a parallel region (libgomp's default) and are then frozen with their side
     # (SIGSTOP between calls) stall the next call by tens of milliseconds: sleep-waiting is forced for every
     # process of an evaluation (read when libgomp loads, i.e. at `import torch` in the zygote/judge)

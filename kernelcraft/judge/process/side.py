@@ -183,6 +183,17 @@ class Side:
             torch.cuda.empty_cache()
         return {"type": "ok"}
 
+    def cmd_settle(self, msg: dict, fds) -> dict:
+        """After the first call: the compile-worker pools `torch.compile` started here (inductor's subprocess pool)
+        are shut. Idle, they sit in the side's process group, wake at every thaw, and the CPU ledger would bill the
+        candidate for the judge's own freezing. A later compile starts them again, at its own cost."""
+        compiler = sys.modules.get("torch._inductor.async_compile")
+        shut = getattr(compiler, "shutdown_compile_workers", None)
+        pools = len(getattr(compiler, "_pool_set", ()) or ())
+        if pools and callable(shut):
+            shut()
+        return {"type": "ok", "pools": pools}
+
     def cmd_inputs(self, msg: dict, fds) -> dict:
         self.inputs = arena.attach(msg["arena"], fds)
         self.values = msg["values"]

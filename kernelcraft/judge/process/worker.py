@@ -257,16 +257,18 @@ class Evaluation:
         any other keeps what its first call left (a lazily built cache, a captured graph), as it would for a user.
         Outputs are poisoned before every judged call, and the call tells the candidate nothing: the trials draw
         fresh inputs. A candidate that may autotune there (`candidate.autotunes`) has the device to itself for the
-        call, as for timing: its kernels' picks are made on a quiet device. Returns the side's reply (its output is
-        in the side's arena)."""
+        call, as for timing: its kernels' picks are made on a quiet device. Then the side shuts the compile-worker
+        pools the call left (`Side.cmd_settle`). Returns the side's reply (its output is in the side's arena)."""
         alone = bool(self.job.get("first_call_alone")) and self.gate.path is not None and self.gate.mode != EXCLUSIVE
         if alone:
             self.wait_for_device(self.gate.exclusive)
+        if self.gate.path is not None and self.gate.mode == EXCLUSIVE:  # taken here, or held for the whole job
             self.result["env"]["first_call"] = "alone"
         try:
             reply = side.request(dict(RUN, keep_state=self.stateful) if self.stateful else RUN, phase=phase)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
+            side.request({"cmd": "settle"}, phase=phase)  # idle compile workers gone before the first trial
         finally:
             if alone:
                 self.gate.share()  # a downgrade: back beside the other evaluations' checks

@@ -2,7 +2,7 @@
 
 `tree_cpu_ns(pid)` is the CPU time the tree under `pid` has used (live processes' CPU clocks plus reaped children);
 two readings while it is frozen bracket what it used in between. `Ledger` bills the candidate's untimed CPU time
-beyond the reference's (over an allowance) to its timed samples.
+beyond the reference's (over an allowance) to its timed samples, and names the processes that used it.
 
 Rationale: docs/design/judge-speed.md#treecpu
 """
@@ -16,6 +16,7 @@ from kernelcraft.judge.process.procs import descendants
 _TICK_NS = 1e9 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 ALLOWANCE = 0.1  # the candidate's untimed windows may use this share more CPU than the reference's (noise) ...
 ALLOWANCE_NS = 20_000  # ... plus this much per window, before anything is billed
+TOP = 4  # processes named in the record's `untimed_cpu_top`
 
 
 def _process_clock(pid: int) -> int:
@@ -43,7 +44,22 @@ def reaped_children_ns(pid: int) -> int:
 
 def tree_cpu_ns(pid: int) -> int:
     """CPU time of the process tree under `pid` (docs/design/judge-speed.md#treecpu)."""
-    return sum(process_cpu_ns(p) + reaped_children_ns(p) for p in [pid, *descendants(pid)])
+    return sum(tree_cpu_by_process(pid).values())
+
+
+def tree_cpu_by_process(pid: int) -> dict[int, int]:
+    """CPU time of each process of the tree under `pid` (its own, plus the children it reaped)."""
+    return {p: process_cpu_ns(p) + reaped_children_ns(p) for p in [pid, *descendants(pid)]}
+
+
+def process_name(pid: int, root: int) -> str:
+    """`comm` of `pid` from /proc, marked `(side)` for the side's own process; `?` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        name = "?"
+    return f"{name} (side)" if pid == root else name
 
 
 class Ledger:
@@ -52,13 +68,21 @@ class Ledger:
     def __init__(self):
         self.untimed_ns = {"reference": 0, "candidate": 0}
         self.windows = {"reference": 0, "candidate": 0}
+        self.by_name: dict[str, int] = {}  # the candidate's untimed CPU time per process name
 
     def window(self, role: str, pid: int, fn):
         """Run `fn()` (one request to the side `pid`, frozen before and after) and add the CPU time its tree used."""
-        before = tree_cpu_ns(pid)
+        before = tree_cpu_by_process(pid)
         out = fn()
-        self.untimed_ns[role] += max(0, tree_cpu_ns(pid) - before)
+        after = tree_cpu_by_process(pid)
+        used = {p: ns - before.get(p, 0) for p, ns in after.items()}
+        self.untimed_ns[role] += max(0, sum(used.values()) - sum(ns for p, ns in before.items() if p not in after))
         self.windows[role] += 1
+        if role == "candidate":
+            for p, ns in used.items():
+                if ns > 0:
+                    name = process_name(p, pid)
+                    self.by_name[name] = self.by_name.get(name, 0) + ns
         return out
 
     def excess_ns(self) -> float:
@@ -74,6 +98,12 @@ class Ledger:
         """The excess spread over `rounds` timed rounds (ms added to every candidate sample)."""
         return self.excess_ns() / 1e6 / rounds if rounds > 0 else 0.0
 
+    def top(self, n: int = TOP) -> dict[str, float]:
+        """The candidate's processes (by name) that used the most untimed CPU time, in ms, largest first."""
+        ranked = sorted(self.by_name.items(), key=lambda kv: -kv[1])[:n]
+        return {name: round(ns / 1e6, 3) for name, ns in ranked}
+
     def record(self, rounds: int) -> dict:
         return {"untimed_cpu_ms": {k: round(v / 1e6, 3) for k, v in self.untimed_ns.items()},
-                "untimed_windows": dict(self.windows), "billed_ms": round(self.billed_ms(rounds), 6)}
+                "untimed_windows": dict(self.windows), "billed_ms": round(self.billed_ms(rounds), 6),
+                "untimed_cpu_top": self.top()}
