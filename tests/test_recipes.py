@@ -289,3 +289,18 @@ def test_policy_registry():
     for bad in ("nope", "openai", "recipes:x"):
         with pytest.raises(PolicyError):
             make_policy(bad)
+
+
+def test_triton_ranks_as_a_template_where_its_kernels_replace_a_reduction():
+    """`triton` whose kernels replace a library reduction (here a loss's mean, fused into its elementwise kernel) is
+    tried right after the baselines; elementwise fusion alone keeps its low prior and waits behind compile + graph."""
+    pol = RecipesPolicy()
+
+    def first_round(name):
+        ctx = _ctx(load_task(FIXTURES / "tasks" / name), GPU, [], k=3)
+        return pol, ctx, [tuple(p.meta["recipe"]) for p in pol.propose(ctx)]
+
+    _, _, loss = first_round("loss_hinge.py")
+    assert loss == [("compile:default",), ("cudagraph",), ("triton",)], loss
+    _, ctx, add = first_round("gpu_add_relu.py")
+    assert "triton" in pol.tokens(ctx) and ("triton",) not in add, add

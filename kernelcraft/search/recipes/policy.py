@@ -41,6 +41,10 @@ PRIORS = {
             "rewrite:fold_scalars": 0.15, "rewrite:inplace": 0.05, "channels_last": 0.1, "compile:default": 0.08,
             "compile:max-autotune-no-cudagraphs": 0.04, "bf16": 0.0},
 }
+# `triton` whose kernels replace a reduction, a pooling or a loss (a region with `reduce`: dimreduce, pooling, a fused
+# reduction epilogue) rather than only fuse elementwise ops: a template kernel in place of a library call, ranked as
+# `tuned` is (eager's poolings ran at 6-24% of an H200's memory bandwidth; docs/design/recipes.md#policy)
+TRITON_TEMPLATE_PRIOR = 0.65
 FAIL_PENALTY = 0.5
 BASELINE_BONUS = 0.5  # baselines are tried early: the search must never lose to them
 
@@ -174,7 +178,7 @@ class RecipesPolicy:
             elif alone is not None and alone.state == "done" and not _unreproduced(alone):
                 banned.add(t)
             else:
-                effect[t] = prior[t]
+                effect[t] = self.prior(t, ctx)
         for rec, row in seen.items():
             if row.state == "done" and not row.correct:
                 for t in rec:
@@ -249,6 +253,15 @@ class RecipesPolicy:
                     break
                 offer(recipe, parents, "explore")
         return chosen
+
+    def prior(self, token: str, ctx: Context) -> float:
+        """The guessed ln(speedup) of `token` alone on this task: `PRIORS`, but `triton` as a template
+        (`TRITON_TEMPLATE_PRIOR`) when a rendered variant's kernels replace a reduction or a pooling."""
+        if token == "triton" and ctx.device.kind == "cuda" and any(
+                region.get("reduce") for v in self.analysis(ctx).variants.values() if v.get("triton")
+                for region in v["triton"].get("regions") or []):
+            return max(TRITON_TEMPLATE_PRIOR, PRIORS["cuda"]["triton"])
+        return PRIORS[ctx.device.kind][token]
 
     def composite(self, usable: list[str], ctx: Context) -> frozenset | None:
         """The largest rendered rewrite set, then compile:default, cudagraph and (2-D conv nets) channels_last, each
