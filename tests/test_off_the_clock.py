@@ -200,7 +200,7 @@ def test_compile_workers_torch_compile_left_are_not_billed(monkeypatch):
     the judge's own freezing. The side shuts the pool after its first call, so during timing only the side's own
     process uses untimed CPU time."""
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "2")  # a pool whatever the host's core count
-    v = evaluate(FIX / "tasks" / "guard_elementwise.py", FIX / "legit" / "compile_worker_pool.py", device="cpu",
+    v = evaluate(FIX / "tasks" / "guard_elementwise.py", FIX / "legit" / "guard_compile_worker_pool.py", device="cpu",
                  time_budget_s=0.3, processes=1, remeasure_above=None)
     assert v.status == "correct", v.message
     assert v.timing.untimed_cpu_top and all(name.endswith("(side)") for name in v.timing.untimed_cpu_top), v.timing
