@@ -268,10 +268,10 @@ class Evaluation:
             reply = side.request(dict(RUN, keep_state=self.stateful) if self.stateful else RUN, phase=phase)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
-            side.request({"cmd": "settle"}, phase=phase)  # idle compile workers gone before the first trial
         finally:
             if alone:
                 self.gate.share()  # a downgrade: back beside the other evaluations' checks
+        side.request({"cmd": "settle"}, phase=phase)  # idle compile workers gone before the first trial: CPU work only
         return reply
 
     # -- inputs and outputs ------------------------------------------------------------------------------

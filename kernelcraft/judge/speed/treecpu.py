@@ -75,11 +75,11 @@ class Ledger:
         before = tree_cpu_by_process(pid)
         out = fn()
         after = tree_cpu_by_process(pid)
-        used = {p: ns - before.get(p, 0) for p, ns in after.items()}
-        self.untimed_ns[role] += max(0, sum(used.values()) - sum(ns for p, ns in before.items() if p not in after))
+        self.untimed_ns[role] += max(0, sum(after.values()) - sum(before.values()))
         self.windows[role] += 1
         if role == "candidate":
-            for p, ns in used.items():
+            for p, ns in after.items():
+                ns -= before.get(p, 0)
                 if ns > 0:
                     name = process_name(p, pid)
                     self.by_name[name] = self.by_name.get(name, 0) + ns

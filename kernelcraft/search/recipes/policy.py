@@ -164,7 +164,6 @@ class RecipesPolicy:
             raise PolicyError("the recipes policy transforms the reference model, which strict mode forbids; "
                               "use an LLM policy (openai:MODEL, hf:PATH) with --mode strict")
         tokens = self.tokens(ctx)
-        prior = PRIORS[ctx.device.kind]
         seen: dict[frozenset, object] = {}
         for row in ctx.history:
             rec = (row.meta or {}).get("recipe")
@@ -260,7 +259,7 @@ class RecipesPolicy:
         if token == "triton" and ctx.device.kind == "cuda" and any(
                 region.get("reduce") for v in self.analysis(ctx).variants.values() if v.get("triton")
                 for region in v["triton"].get("regions") or []):
-            return max(TRITON_TEMPLATE_PRIOR, PRIORS["cuda"]["triton"])
+            return TRITON_TEMPLATE_PRIOR
         return PRIORS[ctx.device.kind][token]
 
     def composite(self, usable: list[str], ctx: Context) -> frozenset | None:
