@@ -185,7 +185,10 @@ def _evaluate_once(task, candidate, proto: Protocol, *, device: str, visible: st
                    first_call_alone=autotunes(cand.source), lock_path=_lock_path(root, visible))
         # a judge kept from an earlier candidate of this task (same text, device, protocol) may take this one
         warm_key = warm.key(task.sha256, device, proto.key())
-        out = runner.run_worker(job, work, root, visible, proto.timeout_s, proto.build_timeout_s, warm_key=warm_key)
+        # ... and on a GPU it waits until what this task's jobs took there fits beside the jobs running (`gpushare`)
+        memory_key = warm.key("device_footprint", task.sha256, proto.key())
+        out = runner.run_worker(job, work, root, visible, proto.timeout_s, proto.build_timeout_s, warm_key=warm_key,
+                                memory_key=memory_key)
         verdict = _assemble(base, out, proto.timeout_s, proto.build_timeout_s,
                             expect={"trials": proto.trials, "timing": proto.timing})
         verdict.phases_s = out.durations()

@@ -132,6 +132,8 @@ QUICK = {
                                "test_save_load_round_trip_and_refusals"],
     "test_tune_recipe.py": ["test_store_lookup_exact_nearest_default", "test_the_builtin_store_is_valid"],
     "test_warm.py": ["test_gpu_share_prefers_a_waiting_exclusive_holder", "test_idle_judges_are_bounded_and_expire"],
+    "test_gpushare.py": ["test_a_job_whose_footprint_does_not_fit_waits_and_later_arrivals_queue_behind_it",
+                         "test_footprints_keep_the_largest_peak_and_survive_the_process"],
     "test_weights.py": ["test_match_names_what_differs", "test_perturbation_moves_every_element_and_keeps_what_must_stay",
                         "test_excess_is_the_change_in_units_of_the_bound"],
     "test_zygote.py": ["test_fork_settings_follow_the_sandbox_mode"],

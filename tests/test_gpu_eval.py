@@ -320,3 +320,22 @@ def test_a_compiled_candidates_first_call_has_the_gpu_alone(tmp_path):
     assert got[0].env.first_call is None and got[1].env.first_call == "alone"
     top = got[1].timing.untimed_cpu_top  # inductor's compile workers were shut after the first call: none billed
     assert top and all(name.endswith("(side)") for name in top), got[1].timing
+
+
+def test_a_tasks_device_footprint_is_learned_from_its_job(tmp_path):
+    """The judge counts a job's peak device bytes (its own and the reference's allocator peaks, the candidate taken
+    as the reference, a context per process) and the runner keeps it under the cache root for the task's next
+    jobs' admission (`gpushare`); the verdict does not carry it."""
+    import json
+
+    import torch
+
+    from kernelcraft.judge.caller import gpushare
+    from kernelcraft.judge.process.jobs import CONTEXT_BYTES
+
+    cache = tmp_path / "cache"
+    v = evaluate(TASK, TRITON_CAND, cache_dir=cache, **OPTS)
+    assert_correct_with_timing(v, "gpu_triton_add_relu")
+    assert "device_peak" not in v.model_dump_json()
+    (peak,) = json.loads((cache / gpushare.FOOTPRINTS_FILE).read_text()).values()
+    assert 3 * CONTEXT_BYTES < peak < torch.cuda.get_device_properties(0).total_memory

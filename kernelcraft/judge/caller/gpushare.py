@@ -1,23 +1,35 @@
-"""Sharing a GPU among this process's jobs: shared while they run, exclusive for a job run again after it ran
-out of device memory beside them.
+"""Sharing a GPU among this process's jobs: admitted by the device memory their task is known to take, shared
+while they run, exclusive for a job run again after it ran out of device memory beside them.
 
-Every job holds its GPU's `Share` shared from spawn to exit and learns whether another job overlapped it; the
-runner runs an overlapped job's out-of-memory outcome once more holding the share exclusively (writer preference:
-a busy pool cannot starve it). In-process only: another program's memory is never waited for.
+Every job holds its GPU's `Share` shared from spawn to exit and learns whether another job overlapped it. Jobs
+enter in arrival order; one whose task's footprint is known (`Footprints`: the largest peak an earlier job of
+the task reported) enters only where it fits beside the known footprints already in (`BUDGET_SHARE` of the
+GPU), or alone. A job of a task not yet measured enters as before, on trust. The runner runs an overlapped job's
+out-of-memory outcome once more holding the share exclusively (writer preference: a busy pool cannot starve it).
+In-process only: another program's memory is never waited for. Footprints are advice for admission, never a
+verdict; they come from the judge process, never from the candidate's.
 
 Rationale: docs/design/judge-caller.md#gpushare
 """
 from __future__ import annotations
 
+import json
+import os
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 
+BUDGET_SHARE = 0.9  # of a GPU's memory, for the known footprints of the jobs running on it
+FOOTPRINTS_FILE = "device_footprints.json"  # under the cache root: what a task's jobs took, across runs
+MAX_FOOTPRINTS = 4096  # the file keeps the most recently learned
 _LOCK = threading.Lock()
 _SHARES: dict[str, "Share"] = {}
+_FOOTPRINTS: dict[str, "Footprints"] = {}
 
 
 class Share:
-    """A writer-preferring reader-writer lease on one GPU, counting who overlapped whom."""
+    """A writer-preferring reader-writer lease on one GPU, first come first served, with readers admitted by
+    memory; counts who overlapped whom."""
 
     def __init__(self) -> None:
         self.cv = threading.Condition()
@@ -25,22 +37,37 @@ class Share:
         self.writer = False
         self.waiting_writers = 0
         self.entries = 0  # shared entries so far: a holder saw others if more entered while it held
+        self.tickets = 0  # shared arrivals so far
+        self.serving = 0  # the arrival allowed to enter next: nobody passes a job waiting for room
+        self.committed = 0  # the known footprints of the jobs holding it shared (bytes)
+        self.total = 0  # the GPU's memory in bytes, once a job has reported it (0: unknown, nothing is refused)
+
+    def fits(self, need: int) -> bool:
+        """Would a job that takes `need` bytes (0: unknown) fit beside the jobs in now?"""
+        return (not need or not self.total or self.readers == 0
+                or self.committed + need <= BUDGET_SHARE * self.total)
 
     @contextmanager
-    def shared(self):
-        """Hold the GPU shared; yields a dict whose "overlapped" is set on exit (another job ran beside this)."""
+    def shared(self, need: int = 0):
+        """Hold the GPU shared, once the arrivals before this one are in and `need` bytes fit; yields a dict whose
+        "overlapped" is set on exit (another job ran beside this)."""
         with self.cv:
-            while self.writer or self.waiting_writers:
+            ticket, self.tickets = self.tickets, self.tickets + 1
+            while self.writer or self.waiting_writers or self.serving != ticket or not self.fits(need):
                 self.cv.wait()
+            self.serving += 1
             others, self.readers = self.readers, self.readers + 1
+            self.committed += need
             self.entries += 1
             first = self.entries
+            self.cv.notify_all()  # the next arrival may fit too
         seen = {"overlapped": False}
         try:
             yield seen
         finally:
             with self.cv:
                 self.readers -= 1
+                self.committed -= need
                 seen["overlapped"] = others > 0 or self.entries > first
                 self.cv.notify_all()
 
@@ -60,7 +87,73 @@ class Share:
                 self.writer = False
                 self.cv.notify_all()
 
+    def learn_total(self, total: int) -> None:
+        if total > 0:
+            with self.cv:
+                self.total = max(self.total, total)
+                self.cv.notify_all()
+
+
+class Footprints:
+    """The device bytes each task's jobs took at their peak (the largest seen), by key (task text and protocol),
+    kept in memory and in `FOOTPRINTS_FILE` under the cache root so a later run starts from them."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.lock = threading.Lock()
+        self.known: dict[str, int] = self._read()
+
+    def need(self, key: str | None) -> int:
+        with self.lock:
+            return self.known.get(key, 0) if key else 0
+
+    def learn(self, key: str | None, peak: int) -> None:
+        """Keep `peak` for `key` where it is the largest yet (the file rewritten when it grows by 5% or more)."""
+        if not key or peak <= 0:
+            return
+        with self.lock:
+            old = self.known.get(key, 0)
+            if peak <= old:
+                return
+            self.known.pop(key, None)
+            self.known[key] = peak  # the most recently learned last: the file keeps the newest MAX_FOOTPRINTS
+            if peak >= 1.05 * old:
+                self._write()
+
+    def _read(self) -> dict[str, int]:
+        if self.path is None:
+            return {}
+        try:
+            got = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}  # none yet, or torn: admission starts on trust
+        if not isinstance(got, dict):
+            return {}
+        return {k: int(v) for k, v in got.items() if isinstance(k, str) and isinstance(v, int) and v > 0}
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        merged = {**self._read(), **self.known}  # another process's footprints kept
+        merged = dict(list(merged.items())[-MAX_FOOTPRINTS:])
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(merged))
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # advice only: a read-only cache keeps them in memory
+
 
 def share(gpu: str) -> Share:
     with _LOCK:
         return _SHARES.setdefault(gpu, Share())
+
+
+def footprints(root: Path | None) -> Footprints:
+    """The footprints kept under the cache root `root` (in memory only without one)."""
+    name = str(root) if root is not None else ""
+    with _LOCK:
+        if name not in _FOOTPRINTS:
+            _FOOTPRINTS[name] = Footprints(Path(root) / FOOTPRINTS_FILE if root is not None else None)
+        return _FOOTPRINTS[name]

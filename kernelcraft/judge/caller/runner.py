@@ -4,8 +4,8 @@ A judge process is forked by the `zygote` or spawned through the `sandbox`, and 
 timeout or clean-up kills everything the candidate started. Two clocks: `build_timeout_s` during `BUILD_PHASES`,
 `timeout_s` after; waiting for the device (`WAIT_PHASES`) stops the running one, which goes on where it stopped.
 Results arrive on a private pipe, each line carrying the caller's nonce; anything else marks the outcome `forged`.
-A job that ran out of device memory because of idle warm judges or this process's other jobs is run once more
-(`warm`, `gpushare`).
+A job enters its GPU when the device memory its task is known to take fits beside this process's other jobs there;
+one that ran out of device memory because of idle warm judges or those jobs is run once more (`warm`, `gpushare`).
 
 Rationale: docs/design/judge-caller.md#runner
 """
@@ -45,6 +45,8 @@ class WorkerOutcome:
     start: str = "spawn"  # or "fork": forked by the zygote
     phases: list[tuple[str, float]] = field(default_factory=list)  # (phase, s since spawn); ("end", s) last
     crowded_out: bool = False  # run again after idle judges or other running jobs made it run out of device memory
+    device_peak: int = 0  # the job's processes' peak device bytes, as the judge counted them (0: not counted)
+    device_total: int = 0  # its GPU's memory in bytes (0: not reported)
 
     def durations(self) -> dict[str, float]:
         """Seconds spent in each phase; `spawn` is interpreter start-up and imports before the first."""
@@ -88,22 +90,39 @@ def worker_env(root: Path, visible_gpu: str | None) -> dict:
 
 
 def run_worker(job: dict, work_dir: Path, root: Path, visible_gpu: str | None,
-               timeout_s: float, build_timeout_s: float, warm_key: str | None = None) -> WorkerOutcome:
+               timeout_s: float, build_timeout_s: float, warm_key: str | None = None,
+               memory_key: str | None = None) -> WorkerOutcome:
     """Run one job in a worker and watch it. With `warm_key` (candidates of one task, see `warm`), an idle
-    judge kept from an earlier job of that key takes it, and this one is kept if it ends cleanly."""
+    judge kept from an earlier job of that key takes it, and this one is kept if it ends cleanly. With
+    `memory_key` (the task and protocol), the job waits on a GPU until the device memory that key's jobs took
+    fits beside the jobs running there, and its own peak is learned for the next (`gpushare`)."""
     if warm_key is not None:  # the caller's key (task, protocol) and everything a worker is started with
         base = {k: v for k, v in worker_env(root, visible_gpu).items() if k not in zygote.PER_JOB_ENV}
         warm_key = warm.key(warm_key, str(root), visible_gpu, base)
     if visible_gpu is None:
         return _first_run(job, work_dir, root, visible_gpu, timeout_s, build_timeout_s, warm_key)
-    lease = gpushare.share(visible_gpu)
-    with lease.shared() as seen:
+    lease, known = gpushare.share(visible_gpu), gpushare.footprints(root)
+    need = known.need(memory_key)
+    with lease.shared(need) as seen:
         out = _first_run(job, work_dir, root, visible_gpu, timeout_s, build_timeout_s, warm_key)
+    _learn(lease, known, memory_key, out)
     if out.crowded_out or not seen["overlapped"] or not _out_of_memory(out):
         return out
+    if need:  # admitted by its footprint and still crowded out: the footprint was short
+        known.learn(memory_key, int(need * CROWDED_NEED_GROWTH))
     with lease.exclusive():  # other jobs of ours held the GPU's memory: once more, alone (`gpushare`)
-        return _run_again(job, work_dir, root, visible_gpu, timeout_s, build_timeout_s,
-                          "run again alone on its GPU: other evaluations had crowded it out of device memory")
+        again = _run_again(job, work_dir, root, visible_gpu, timeout_s, build_timeout_s,
+                           "run again alone on its GPU: other evaluations had crowded it out of device memory")
+    _learn(lease, known, memory_key, again)
+    return again
+
+
+CROWDED_NEED_GROWTH = 1.5  # a footprint that let its job be crowded out grows by this much
+
+
+def _learn(lease: gpushare.Share, known: gpushare.Footprints, memory_key: str | None, out: WorkerOutcome) -> None:
+    lease.learn_total(out.device_total)
+    known.learn(memory_key, out.device_peak)
 
 
 def _first_run(job: dict, work_dir: Path, root: Path, visible_gpu: str | None, timeout_s: float,
@@ -154,6 +173,14 @@ def _run_again(job: dict, work_dir: Path, root: Path | None, visible_gpu: str, t
     return again
 
 
+def take_device_peak(out: WorkerOutcome) -> None:
+    """The judge's count of the job's peak device bytes, moved from its result to the outcome: advice for
+    admission (`gpushare`), not part of the verdict."""
+    peak = out.result.pop("device_peak", None) if isinstance(out.result, dict) else None
+    if isinstance(peak, dict) and not out.forged:
+        out.device_peak, out.device_total = _int(peak.get("bytes")), _int(peak.get("total"))
+
+
 def _run(job: dict, work_dir: Path, timeout_s: float, build_timeout_s: float, warm_key: str | None,
          reuse: "warm.WarmWorker | None", root: Path | None = None, visible_gpu: str | None = None):
     out = WorkerOutcome()
@@ -202,6 +229,7 @@ def _run(job: dict, work_dir: Path, timeout_s: float, build_timeout_s: float, wa
         if reuse is not None and out.result is None and not out.timed_out and not out.forged and not out.phases:
             retry = True  # died between jobs, before a word of this one: run it again in a fresh worker
         else:
+            take_device_peak(out)
             info = out.result.pop("warm", None) if isinstance(out.result, dict) else None
             if (warm_key is not None and isinstance(info, dict) and info.get("kept") and not out.timed_out
                     and not out.forged):

@@ -139,6 +139,7 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
             "runtime_error", ["harness_error"], f"kernelcraft failed: {failures.describe_exception(e)}")
         out = {"status": rej.status, "reasons": rej.reasons, "message": rej.message,
                **(ev.result if ev is not None else {})}
+    out["device_peak"] = _device_peak(ref if sides_error is None else None, job)  # before a reference not kept ends
     lock = ev.hand_over_lock() if isinstance(ev, evaluation_cls) else None
     if getattr(ev, "cand", None) is not None:
         cand = ev.cand  # the first of the candidate's processes (its siblings ended with timing, or end below)
@@ -187,6 +188,23 @@ def _free_device_memory(job: dict) -> bool:
     except Exception:  # noqa: BLE001 - a device that faulted: the verdict still goes out, the lock still goes back
         return False
     return True
+
+
+def _device_peak(ref: SideProc | None, job: dict) -> dict:
+    """The job's peak device bytes, for the runner's admission of the task's next jobs (`gpushare`): the judge's
+    and the reference's allocator peaks (both reset for a next job in these processes), the candidate taken as
+    the reference (nothing the candidate's process says is asked), and a CUDA context per process. `{}` on a CPU,
+    before CUDA, or when the reference does not answer: advice, never a verdict."""
+    if ref is None or not str(job.get("device", "")).startswith("cuda") or not torch.cuda.is_initialized():
+        return {}
+    try:
+        judge = int(torch.cuda.max_memory_reserved())
+        torch.cuda.reset_peak_memory_stats()
+        reference = int(ref.request({"cmd": "memory"}, phase="idle").get("peak", 0))
+        return {"bytes": judge + 2 * reference + 3 * CONTEXT_BYTES,
+                "total": int(torch.cuda.get_device_properties(0).total_memory)}
+    except Exception:  # noqa: BLE001 - a dead reference or a faulted device: the verdict goes out without it
+        return {}
 
 
 def _footprint(ref: SideProc, job: dict) -> dict:

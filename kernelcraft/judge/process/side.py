@@ -176,6 +176,14 @@ class Side:
             return {"type": "ok", "reserved": int(torch.cuda.memory_reserved())}
         return {"type": "ok", "reserved": 0}
 
+    def cmd_memory(self, msg: dict, fds) -> dict:
+        """The allocator's peak device bytes since the last ask (the judge's footprint of a job, `jobs`)."""
+        if getattr(self, "device", None) is not None and self.device.type == "cuda":
+            peak = int(torch.cuda.max_memory_reserved())
+            torch.cuda.reset_peak_memory_stats()
+            return {"type": "ok", "peak": peak}
+        return {"type": "ok", "peak": 0}
+
     def cmd_trim(self, msg: dict, fds) -> dict:
         """A large output's trial is over: the allocator's cached blocks go back to the device (the other
         processes' float64 call and copies need the room)."""
