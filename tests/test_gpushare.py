@@ -169,3 +169,34 @@ def test_a_footprint_that_let_its_job_be_crowded_out_grows(monkeypatch, tmp_path
     t.join(5)
     assert got.crowded_out and got.result["status"] == "correct" and calls == ["job", "job"]
     assert gpushare.footprints(tmp_path).need("task") == int(10 * GIB * runner.CROWDED_NEED_GROWTH)
+
+
+def test_an_arrival_that_stops_waiting_does_not_hold_up_those_behind_it():
+    import signal
+
+    import pytest
+
+    s = Share()
+    s.learn_total(100 * GIB)
+    log, release = [], threading.Event()
+    a = _holder(s, 80 * GIB, log, "a", release)
+    time.sleep(0.2)
+
+    def interrupt(signum, frame):
+        raise TimeoutError("stopped waiting")
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(TimeoutError):
+            with s.shared(80 * GIB):  # does not fit beside a: waits, then is interrupted
+                pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    c = _holder(s, 5 * GIB, log, "c", release)  # fits beside a, and is not kept behind the arrival that left
+    time.sleep(0.3)
+    assert log == ["a", "c"]
+    release.set()
+    a.join(5), c.join(5)
+    assert s.readers == 0 and s.committed == 0 and not s.abandoned

@@ -39,6 +39,7 @@ class Share:
         self.entries = 0  # shared entries so far: a holder saw others if more entered while it held
         self.tickets = 0  # shared arrivals so far
         self.serving = 0  # the arrival allowed to enter next: nobody passes a job waiting for room
+        self.abandoned: set[int] = set()  # arrivals that stopped waiting (an exception): passed over in turn
         self.committed = 0  # the known footprints of the jobs holding it shared (bytes)
         self.total = 0  # the GPU's memory in bytes, once a job has reported it (0: unknown, nothing is refused)
 
@@ -53,14 +54,18 @@ class Share:
         "overlapped" is set on exit (another job ran beside this)."""
         with self.cv:
             ticket, self.tickets = self.tickets, self.tickets + 1
-            while self.writer or self.waiting_writers or self.serving != ticket or not self.fits(need):
-                self.cv.wait()
-            self.serving += 1
+            try:
+                while self.writer or self.waiting_writers or self.serving != ticket or not self.fits(need):
+                    self.cv.wait()
+            except BaseException:  # interrupted while waiting: the arrivals behind it must not wait for it
+                self.abandoned.add(ticket)
+                self._next()
+                raise
+            self._next(entered=ticket)
             others, self.readers = self.readers, self.readers + 1
             self.committed += need
             self.entries += 1
             first = self.entries
-            self.cv.notify_all()  # the next arrival may fit too
         seen = {"overlapped": False}
         try:
             yield seen
@@ -71,14 +76,26 @@ class Share:
                 seen["overlapped"] = others > 0 or self.entries > first
                 self.cv.notify_all()
 
+    def _next(self, entered: int | None = None) -> None:
+        """The turn passes on: past the arrival that just entered and past those that stopped waiting."""
+        if entered is not None:
+            self.serving += 1
+        while self.serving in self.abandoned:
+            self.abandoned.discard(self.serving)
+            self.serving += 1
+        self.cv.notify_all()
+
     @contextmanager
     def exclusive(self):
         """Hold the GPU alone among this process's jobs."""
         with self.cv:
             self.waiting_writers += 1
-            while self.writer or self.readers:
-                self.cv.wait()
-            self.waiting_writers -= 1
+            try:
+                while self.writer or self.readers:
+                    self.cv.wait()
+            finally:
+                self.waiting_writers -= 1
+                self.cv.notify_all()  # readers held back for it go on if it stopped waiting
             self.writer = True
         try:
             yield
