@@ -186,9 +186,8 @@ def _evaluate_once(task, candidate, proto: Protocol, *, device: str, visible: st
         # a judge kept from an earlier candidate of this task (same text, device, protocol) may take this one
         warm_key = warm.key(task.sha256, device, proto.key())
         # ... and on a GPU it waits until what this task's jobs took there fits beside the jobs running (`gpushare`)
-        memory_key = warm.key("device_footprint", task.sha256, proto.key())
         out = runner.run_worker(job, work, root, visible, proto.timeout_s, proto.build_timeout_s, warm_key=warm_key,
-                                memory_key=memory_key)
+                                memory_key=memory_key(task.sha256, proto.key()))
         verdict = _assemble(base, out, proto.timeout_s, proto.build_timeout_s,
                             expect={"trials": proto.trials, "timing": proto.timing})
         verdict.phases_s = out.durations()
@@ -196,6 +195,11 @@ def _evaluate_once(task, candidate, proto: Protocol, *, device: str, visible: st
             verdict.guards = ["screen"] + verdict.guards
     verdict.wall_s = time.perf_counter() - t0
     return verdict
+
+
+def memory_key(task_sha256: str, protocol: dict) -> str:
+    """The key a task's device footprint is kept under (`gpushare.Footprints`): its text and the protocol."""
+    return warm.key("device_footprint", task_sha256, protocol)
 
 
 def _lock_path(root: Path, visible: str | None) -> str:

@@ -200,3 +200,26 @@ def test_an_arrival_that_stops_waiting_does_not_hold_up_those_behind_it():
     release.set()
     a.join(5), c.join(5)
     assert s.readers == 0 and s.committed == 0 and not s.abandoned
+
+
+def test_an_estimate_stands_in_until_the_first_report_replaces_it(tmp_path):
+    f = Footprints(tmp_path / gpushare.FOOTPRINTS_FILE)
+    f.estimate("task", 8 * GIB)
+    assert f.need("task") == gpushare.ESTIMATE_PER_IO_BYTE * 8 * GIB + gpushare.CONTEXTS_BYTES
+    f.learn("task", 30 * GIB)  # measured: smaller than the estimate, and it stands
+    assert f.need("task") == 30 * GIB
+    assert json.loads((tmp_path / gpushare.FOOTPRINTS_FILE).read_text()) == {"task": 30 * GIB}  # estimates stay out
+
+
+def test_the_bench_estimates_footprints_from_its_roofline_work(monkeypatch, tmp_path):
+    from kernelcraft.bench.run import estimate_footprints
+    from kernelcraft.evaluate import memory_key
+
+    monkeypatch.setattr(gpushare, "_FOOTPRINTS", {})
+    protocol = {"trials": 5}
+    estimate_footprints(tmp_path, {"a": {"bytes": GIB, "bytes_inputs": GIB}, "b": {"error": "TypeError: ..."}},
+                        protocol)
+    known = gpushare.footprints(tmp_path)
+    assert known.need(memory_key("a", protocol)) == gpushare.ESTIMATE_PER_IO_BYTE * GIB + gpushare.CONTEXTS_BYTES
+    assert known.need(memory_key("b", protocol)) == 0  # no work counted: on trust
+    assert known.need(memory_key("a", {"trials": 3})) == 0  # another protocol, another key

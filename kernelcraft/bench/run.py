@@ -32,7 +32,8 @@ from kernelcraft.bench.records import base_record, bench_verdict, measured_texts
 from kernelcraft.bench.report import write_report
 from kernelcraft.bench.sources import BenchError, Item, Source, resolve
 from kernelcraft.bench.taskpool import DeviceLease, OneAtATime, run_tasks
-from kernelcraft.evaluate import _env
+from kernelcraft.evaluate import _env, memory_key
+from kernelcraft.judge.caller import gpushare, runner
 from kernelcraft.judge.caller.runner import kill_live_workers
 from kernelcraft.protocol import Protocol
 from kernelcraft.search.optimize import Cancelled, Options, RunInUse, RunLock, optimize
@@ -193,6 +194,9 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
             emit("roofline", tasks=len(tasks), product=peak["product"])
         work = roofline.cached_work(out, {sha: t.source for sha, t in tasks.items()}) if peak is not None else {}
 
+        if any(devices.kind(d) == "cuda" for d in devs):
+            estimate_footprints(runner.cache_root(opts.cache_dir), work, protocol)
+
         def roof(rec: dict, it: Item) -> float | None:  # a correct candidate's fraction of the roof, as it lands
             return roofline.of_candidate(work.get(it.task.sha256), peak, rec)
 
@@ -286,6 +290,15 @@ def run(source: Source, out: str | os.PathLike | None = None, options: BenchOpti
             if x is not None:
                 x.close()
         lock.release()
+
+
+def estimate_footprints(root: Path, work: dict[str, dict], protocol: dict) -> None:
+    """Each task's device footprint estimated from its roofline bytes, for the jobs of tasks none of whose jobs
+    has reported one yet (`gpushare`): their first jobs, side by side, are not crowded out on trust."""
+    known = gpushare.footprints(root)
+    for sha, w in work.items():
+        if isinstance(w, dict) and isinstance(w.get("bytes"), int):
+            known.estimate(memory_key(sha, protocol), w["bytes"])
 
 
 def _check_meta(out: Path, source: Source, devname: str, protocol: dict, optimize_cfg: dict) -> None:

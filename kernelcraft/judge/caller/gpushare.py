@@ -4,7 +4,8 @@ while they run, exclusive for a job run again after it ran out of device memory 
 Every job holds its GPU's `Share` shared from spawn to exit and learns whether another job overlapped it. Jobs
 enter in arrival order; one whose task's footprint is known (`Footprints`: the largest peak an earlier job of
 the task reported) enters only where it fits beside the known footprints already in (`BUDGET_SHARE` of the
-GPU), or alone. A job of a task not yet measured enters as before, on trust. The runner runs an overlapped job's
+GPU), or alone. A job of a task not yet measured enters by an estimate from its bytes where the caller has one
+(`Footprints.estimate`), else on trust. The runner runs an overlapped job's
 out-of-memory outcome once more holding the share exclusively (writer preference: a busy pool cannot starve it).
 In-process only: another program's memory is never waited for. Footprints are advice for admission, never a
 verdict; they come from the judge process, never from the candidate's.
@@ -20,6 +21,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 BUDGET_SHARE = 0.9  # of a GPU's memory, for the known footprints of the jobs running on it
+# a task never measured, whose inputs, parameters and outputs are known (the bench's roofline pass): its jobs
+# reported 9-13 times those bytes on KernelBench's level 1, plus a CUDA context per process (BENCHMARKS.md)
+ESTIMATE_PER_IO_BYTE = 10
+CONTEXTS_BYTES = 3 * (512 << 20)
 FOOTPRINTS_FILE = "device_footprints.json"  # under the cache root: what a task's jobs took, across runs
 MAX_FOOTPRINTS = 4096  # the file keeps the most recently learned
 _LOCK = threading.Lock()
@@ -119,10 +124,18 @@ class Footprints:
         self.path = path
         self.lock = threading.Lock()
         self.known: dict[str, int] = self._read()
+        self.estimated: dict[str, int] = {}  # until a job of the task reports (never written to the file)
 
     def need(self, key: str | None) -> int:
         with self.lock:
-            return self.known.get(key, 0) if key else 0
+            return (self.known.get(key) or self.estimated.get(key, 0)) if key else 0
+
+    def estimate(self, key: str, io_bytes: int) -> None:
+        """A footprint for a task none of whose jobs has reported yet, from its inputs', parameters' and outputs'
+        bytes (`ESTIMATE_PER_IO_BYTE`); the first report replaces it, larger or smaller."""
+        if io_bytes > 0:
+            with self.lock:
+                self.estimated[key] = ESTIMATE_PER_IO_BYTE * io_bytes + CONTEXTS_BYTES
 
     def learn(self, key: str | None, peak: int) -> None:
         """Keep `peak` for `key` where it is the largest yet (the file rewritten when it grows by 5% or more)."""
