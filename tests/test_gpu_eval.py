@@ -331,11 +331,11 @@ def test_a_tasks_device_footprint_is_learned_from_its_job(tmp_path):
     import torch
 
     from kernelcraft.judge.caller import gpushare
-    from kernelcraft.judge.process.jobs import CONTEXT_BYTES
+    from kernelcraft.judge.caller.gpushare import CONTEXT_BYTES, JOB_PROCESSES
 
     cache = tmp_path / "cache"
     v = evaluate(TASK, TRITON_CAND, cache_dir=cache, **OPTS)
     assert_correct_with_timing(v, "gpu_triton_add_relu")
     assert "device_peak" not in v.model_dump_json()
     (peak,) = json.loads((cache / gpushare.FOOTPRINTS_FILE).read_text()).values()
-    assert 3 * CONTEXT_BYTES < peak < torch.cuda.get_device_properties(0).total_memory
+    assert JOB_PROCESSES * CONTEXT_BYTES < peak < torch.cuda.get_device_properties(0).total_memory

@@ -102,7 +102,8 @@ def _fake_run(peaks: dict, log: list, gates: dict):
     def run(job, work_dir, timeout_s, build_timeout_s, warm_key, reuse, root=None, visible_gpu=None):
         out = runner.WorkerOutcome(start="fork")
         log.append(("start", job["name"]))
-        gates.get(job["name"], threading.Event()).wait(10) if job["name"] in gates else None
+        if job["name"] in gates:
+            gates[job["name"]].wait(10)
         out.result = {"status": "correct", "reasons": [], "message": "",
                       "device_peak": {"bytes": peaks[job["name"]], "total": 100 * GIB}}
         runner.take_device_peak(out)  # as `_run` does with the worker's report
@@ -205,7 +206,7 @@ def test_an_arrival_that_stops_waiting_does_not_hold_up_those_behind_it():
 def test_an_estimate_stands_in_until_the_first_report_replaces_it(tmp_path):
     f = Footprints(tmp_path / gpushare.FOOTPRINTS_FILE)
     f.estimate("task", 8 * GIB)
-    assert f.need("task") == gpushare.ESTIMATE_PER_IO_BYTE * 8 * GIB + gpushare.CONTEXTS_BYTES
+    assert f.need("task") == gpushare.ESTIMATE_PER_IO_BYTE * 8 * GIB + gpushare.JOB_PROCESSES * gpushare.CONTEXT_BYTES
     f.learn("task", 30 * GIB)  # measured: smaller than the estimate, and it stands
     assert f.need("task") == 30 * GIB
     assert json.loads((tmp_path / gpushare.FOOTPRINTS_FILE).read_text()) == {"task": 30 * GIB}  # estimates stay out
@@ -220,6 +221,6 @@ def test_the_bench_estimates_footprints_from_its_roofline_work(monkeypatch, tmp_
     estimate_footprints(tmp_path, {"a": {"bytes": GIB, "bytes_inputs": GIB}, "b": {"error": "TypeError: ..."}},
                         protocol)
     known = gpushare.footprints(tmp_path)
-    assert known.need(memory_key("a", protocol)) == gpushare.ESTIMATE_PER_IO_BYTE * GIB + gpushare.CONTEXTS_BYTES
+    assert known.need(memory_key("a", protocol)) == gpushare.ESTIMATE_PER_IO_BYTE * GIB + gpushare.JOB_PROCESSES * gpushare.CONTEXT_BYTES
     assert known.need(memory_key("b", protocol)) == 0  # no work counted: on trust
     assert known.need(memory_key("a", {"trials": 3})) == 0  # another protocol, another key

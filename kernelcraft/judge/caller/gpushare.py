@@ -21,10 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 BUDGET_SHARE = 0.9  # of a GPU's memory, for the known footprints of the jobs running on it
+CONTEXT_BYTES = 512 << 20  # a CUDA context's own device memory (not in the allocator's count), per process
+JOB_PROCESSES = 3  # the judge, the reference's side and the candidate's, each with a context
 # a task never measured, whose inputs, parameters and outputs are known (the bench's roofline pass): its jobs
-# reported 9-13 times those bytes on KernelBench's level 1, plus a CUDA context per process (BENCHMARKS.md)
+# reported 9-13 times those bytes on KernelBench's level 1, plus the contexts (BENCHMARKS.md)
 ESTIMATE_PER_IO_BYTE = 10
-CONTEXTS_BYTES = 3 * (512 << 20)
 FOOTPRINTS_FILE = "device_footprints.json"  # under the cache root: what a task's jobs took, across runs
 MAX_FOOTPRINTS = 4096  # the file keeps the most recently learned
 _LOCK = threading.Lock()
@@ -135,7 +136,7 @@ class Footprints:
         bytes (`ESTIMATE_PER_IO_BYTE`); the first report replaces it, larger or smaller."""
         if io_bytes > 0:
             with self.lock:
-                self.estimated[key] = ESTIMATE_PER_IO_BYTE * io_bytes + CONTEXTS_BYTES
+                self.estimated[key] = ESTIMATE_PER_IO_BYTE * io_bytes + JOB_PROCESSES * CONTEXT_BYTES
 
     def learn(self, key: str | None, peak: int) -> None:
         """Keep `peak` for `key` where it is the largest yet (the file rewritten when it grows by 5% or more)."""

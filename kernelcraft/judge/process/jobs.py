@@ -25,6 +25,7 @@ from kernelcraft.judge.process.arena import Arena, total_bytes
 from kernelcraft.judge.process.forker import Forker
 from kernelcraft.judge.reject import Reject
 from kernelcraft.judge.process.sideproc import SideProc, end_candidate
+from kernelcraft.judge.caller.gpushare import CONTEXT_BYTES, JOB_PROCESSES
 from kernelcraft.judge.caller.single import Single
 
 
@@ -161,7 +162,6 @@ def _judge_one(job: dict, chan: Channel, forker, ref, hardening: dict, warm: War
     return out, keep, lock
 
 
-CONTEXT_BYTES = 512 << 20  # a CUDA context's own device memory (not in the allocator's count), per process
 WARM_MAX_SHARE = 1 / 16  # a task whose inputs and outputs take more of the GPU is not kept warm (`worth_keeping`)
 
 
@@ -201,7 +201,7 @@ def _device_peak(ref: SideProc | None, job: dict) -> dict:
         judge = int(torch.cuda.max_memory_reserved())
         torch.cuda.reset_peak_memory_stats()
         reference = int(ref.request({"cmd": "memory"}, phase="idle").get("peak", 0))
-        return {"bytes": judge + 2 * reference + 3 * CONTEXT_BYTES,
+        return {"bytes": judge + 2 * reference + JOB_PROCESSES * CONTEXT_BYTES,
                 "total": int(torch.cuda.get_device_properties(0).total_memory)}
     except Exception:  # noqa: BLE001 - a dead reference or a faulted device: the verdict goes out without it
         return {}
