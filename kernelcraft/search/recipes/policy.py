@@ -34,7 +34,7 @@ PRIORS = {
              "rewrite:conv_reduce": 2.0, "rewrite:dead_code": 0.3,
              "rewrite:fold_scalars": 0.2, "rewrite:inplace": 0.05, "triton": 0.25, "compile:default": 0.3,
              "compile:max-autotune-no-cudagraphs": 0.3, "compile:max-autotune": 0.35,
-             "compile:reduce-overhead": 0.4, "cudagraph": 0.3, "channels_last": 0.1, "cudnn_benchmark": 0.1,
+             "compile:reduce-overhead": 0.4, "cudagraph": 0.3, "channels_last": -0.97, "cudnn_benchmark": 0.02,
              "bf16": 0.6, "tuned": 0.65, "tuned_gemm": 0.62},
     "cpu": {**SIMPLIFY_PRIORS, "rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0, "rewrite:pool_linear": 1.5,
             "rewrite:conv_reduce": 2.0, "rewrite:dead_code": 0.3,
@@ -45,6 +45,10 @@ PRIORS = {
 # reduction epilogue) rather than only fuse elementwise ops: a template kernel in place of a library call, ranked as
 # `tuned` is (eager's poolings ran at 6-24% of an H200's memory bandwidth; docs/design/recipes.md#policy)
 TRITON_TEMPLATE_PRIOR = 0.65
+# `cudnn_benchmark` on a net with a 3-D (transposed) convolution: cuDNN's default algorithm there was 1.9x slower
+# (geomean, 9 fp32 tasks on an H200) than the one its benchmark picks; on 1-D and 2-D ones 1.02x
+# (`PRIORS["cuda"]`, 18 tasks), and `channels_last` alone 0.38x on fp32 2-D ones (docs/design/recipes.md#policy)
+CUDNN_BENCHMARK_3D_PRIOR = 0.65
 FAIL_PENALTY = 0.5
 BASELINE_BONUS = 0.5  # baselines are tried early: the search must never lose to them
 
@@ -260,19 +264,22 @@ class RecipesPolicy:
                 region.get("reduce") for v in self.analysis(ctx).variants.values() if v.get("triton")
                 for region in v["triton"].get("regions") or []):
             return TRITON_TEMPLATE_PRIOR
+        if token == "cudnn_benchmark" and self.analysis(ctx).features.get("conv3d"):
+            return CUDNN_BENCHMARK_3D_PRIOR
         return PRIORS[ctx.device.kind][token]
 
     def composite(self, usable: list[str], ctx: Context) -> frozenset | None:
-        """The largest rendered rewrite set, then compile:default, cudagraph and (2-D conv nets) channels_last, each
-        kept only if the recipe stays valid (docs/design/recipes.md#policy); None when that is fewer than two tokens."""
+        """The largest rendered rewrite set, then compile:default, cudagraph and the conv nets' cudnn_benchmark and
+        channels_last, each kept only if the recipe stays valid and the token's prior is a gain here
+        (docs/design/recipes.md#policy); None when that is fewer than two tokens."""
         prior = PRIORS[ctx.device.kind]
         compiled = "compile:default" in usable
         subsets = [frozenset(f"rewrite:{r}" for r in key.split("+")) for key in self.analysis(ctx).variants if key]
         subsets = [s for s in subsets if s <= set(usable) and not (compiled and "rewrite:inplace" in s)
                    and self.valid(s, ctx)]  # rendered variants only: not every subset is one (rewrite.py)
         recipe = max(subsets, key=lambda s: (len(s), sum(prior[t] for t in s), sorted(s)), default=frozenset())
-        for t in ("compile:default", "cudagraph", "channels_last"):
-            if t in usable and self.valid(recipe | {t}, ctx):
+        for t in ("compile:default", "cudagraph", "cudnn_benchmark", "channels_last"):
+            if t in usable and self.prior(t, ctx) > 0 and self.valid(recipe | {t}, ctx):
                 recipe = recipe | {t}
         return recipe if len(recipe) >= 2 else None
 
