@@ -159,6 +159,9 @@ def _row(i, recipe, status="correct", speedup=None, lo=None):
                ci_high=speedup * 1.05 if ok else None, meta={"recipe": sorted(recipe)})
 
 
+BASELINES_MEASURED = [_row(1, ["compile:default"], speedup=1.0), _row(2, ["cudagraph"], speedup=0.9)]
+
+
 def _ctx(task, device, history, k=4, allow=False, seed=0):
     rng = random.Random(seed)
     items = [Exemplar(r.id, r.source, r.speedup, [], r.meta) for r in history if r.correct]
@@ -174,19 +177,36 @@ def _ctx(task, device, history, k=4, allow=False, seed=0):
 def test_first_round_seeds_baselines_and_the_best_prior(analyses):
     task, a = analyses["diag"]
     pol = RecipesPolicy(analysis=a)
-    props = pol.propose(_ctx(task, GPU, [], k=4))
+    first = [tuple(p.meta["recipe"]) for p in pol.propose(_ctx(task, GPU, [], k=4))]
+    assert first == [("compile:default",), ("cudagraph",)]  # on a GPU the baselines go first, alone
+    measured = [_row(1, ["compile:default"], speedup=1.0), _row(2, ["cudagraph"], speedup=1.1)]
+    props = pol.propose(_ctx(task, GPU, measured, k=2))
     recipes = [tuple(p.meta["recipe"]) for p in props]
-    assert len(props) == 4
-    # the composite (every rewrite + compile + CUDA graph) ranks first by the additive model, then the singles
-    assert recipes[0] == ("compile:default", "cudagraph", "rewrite:diag_matmul") and props[0].meta["operator"] == "compose"
-    assert "_KcCudaGraph(torch.compile(self._kc_inner" in props[0].source
-    assert {("rewrite:diag_matmul",), ("compile:default",), ("cudagraph",)} == set(recipes[1:])
-    assert all(p.meta["operator"] == "seed" and "class ModelNew" in p.source for p in props[1:])
-    three = [tuple(p.meta["recipe"]) for p in pol.propose(_ctx(task, GPU, [], k=3))]  # budget 3: the composite is in
-    assert ("compile:default", "cudagraph", "rewrite:diag_matmul") in three
+    # then the composite (every rewrite + compile + CUDA graph) ranks first by the additive model, then the singles
+    assert recipes == [("compile:default", "cudagraph", "rewrite:diag_matmul"), ("rewrite:diag_matmul",)], recipes
+    assert props[0].meta["operator"] == "compose" and props[1].meta["operator"] == "seed"
+    assert "_KcCudaGraph(torch.compile(self._kc_inner" in props[0].source and "class ModelNew" in props[1].source
     cpu = [tuple(p.meta["recipe"]) for p in pol.propose(_ctx(task, CPU, [], k=8))]
     assert not any(t in ("cudagraph", "compile:reduce-overhead", "triton") for r in cpu for t in r)
     assert cpu[:2] == [("compile:default", "rewrite:diag_matmul"), ("rewrite:diag_matmul",)]
+
+
+def test_what_cuda_graphs_cost_steers_the_graph_recipes(analyses):
+    """A task whose inputs are large: capturing it in a CUDA graph costs more than its launches (the inputs are
+    copied into the graph's buffers). Once `cudagraph` alone measured that, the modes that capture graphs themselves
+    and the composite rank by it; where graphs pay, they lead."""
+    task, a = analyses["conv"]
+    pol = RecipesPolicy(analysis=a)
+
+    def after(compile_speedup, graph_speedup):
+        rows = [_row(1, ["compile:default"], speedup=compile_speedup), _row(2, ["cudagraph"], speedup=graph_speedup)]
+        return [frozenset(p.meta["recipe"]) for p in pol.propose(_ctx(task, GPU, rows, k=2))]
+
+    slow_graphs = after(0.95, 0.4)
+    assert not any("cudagraph" in r or "compile:reduce-overhead" in r or "compile:max-autotune" in r
+                   for r in slow_graphs), slow_graphs
+    fast_graphs = after(1.1, 1.6)
+    assert any("cudagraph" in r and len(r) > 1 for r in fast_graphs), fast_graphs
 
 
 def test_mutations_follow_the_exemplars_and_avoid_failed_tokens(analyses):
@@ -281,8 +301,9 @@ def test_cudnn_benchmark_leads_on_3d_convolutions_only(analyses):
     task, a = analyses["conv"]
     a3 = rewrite.Analysis(traced=True, features={**a.features, "conv3d": True}, variants=a.variants, rules=a.rules)
 
-    def first_round(analysis):
-        return [frozenset(p.meta["recipe"]) for p in RecipesPolicy(analysis=analysis).propose(_ctx(task, GPU, []))]
+    def first_round(analysis):  # after the baselines
+        return [frozenset(p.meta["recipe"]) for p in
+                RecipesPolicy(analysis=analysis).propose(_ctx(task, GPU, BASELINES_MEASURED, k=2))]
 
     assert frozenset(["cudnn_benchmark"]) in first_round(a3)
     assert frozenset(["cudnn_benchmark"]) not in first_round(a)
@@ -307,14 +328,14 @@ def test_policy_registry():
 
 def test_triton_ranks_as_a_template_where_its_kernels_replace_a_reduction():
     """`triton` whose kernels replace a library reduction (here a loss's mean, fused into its elementwise kernel) is
-    tried right after the baselines; elementwise fusion alone keeps its low prior and waits behind compile + graph."""
+    tried right after the baselines; elementwise fusion alone keeps its low prior and waits behind the composite."""
     pol = RecipesPolicy()
 
-    def first_round(name):
-        ctx = _ctx(load_task(FIXTURES / "tasks" / name), GPU, [], k=3)
+    def first_round(name):  # after the baselines
+        ctx = _ctx(load_task(FIXTURES / "tasks" / name), GPU, BASELINES_MEASURED, k=1)
         return ctx, [tuple(p.meta["recipe"]) for p in pol.propose(ctx)]
 
     _, loss = first_round("loss_hinge.py")
-    assert loss == [("compile:default",), ("cudagraph",), ("triton",)], loss
+    assert loss == [("triton",)], loss
     ctx, add = first_round("gpu_add_relu.py")
     assert "triton" in pol.tokens(ctx) and ("triton",) not in add, add

@@ -91,10 +91,11 @@ def test_triton_fusion_of_a_loss_into_one_reduction(cache_dir):
                                          ("mean_reduction", "_kc_dimreduce_kernel"),
                                          ("max_reduction", "_kc_dimreduce_kernel"),
                                          ("argmax_reduction", "_kc_dimreduce_kernel"),
-                                         ("maxpool2d", "_kc_pool_kernel"), ("avgpool2d", "_kc_pool_kernel")])
+                                         ("maxpool2d", "_kc_pool_kernel"), ("avgpool2d", "_kc_pool_kernel"),
+                                         ("depthwise_conv2d", "_kc_dwconv_kernel")])
 def test_reductions_and_poolings_as_triton_kernels(name, kernel, cache_dir):
-    """A reduction over one dimension (dimreduce) or a pooling (pooling), the built-in level-1 tasks, lowered under
-    the `triton` recipe: correct on the GPU."""
+    """A reduction over one dimension (dimreduce), a pooling (pooling) or a depthwise convolution (depthwise), the
+    built-in level-1 tasks, lowered under the `triton` recipe: correct on the GPU."""
     task = load_task(f"gpu/level1/{name}")
     a = rewrite.analyze(task.source)
     src = render.render(task.source, ["triton"], a)

@@ -202,14 +202,20 @@ def test_tune_shortlist_without_judging_records_the_fast_path_best(tmp_path):
 
 
 def test_the_tuned_recipe_is_among_the_first_three_proposals():
-    """At a budget of 3 a GPU task that one template covers gets the two baselines and its tuned kernel."""
+    """At a budget of 3 a GPU task that one template covers gets the two baselines, then its tuned kernel."""
     import random
+
+    from test_recipes import BASELINES_MEASURED
 
     task = load_task("tiny/level1/matmul_square")
     pol = RecipesPolicy(analysis=rewrite.analyze(task.source))
-    ctx = Context(task=task, device=GPU, round=1, k=3, history=[], failures=[], sample_exemplars=lambda: [],
-                  rng=random.Random(0))
-    proposals = pol.propose(ctx)
-    assert [p.meta["recipe"] for p in proposals] == [["compile:default"], ["cudagraph"], ["tuned"]]
-    note = proposals[2].meta["note"]  # what `optimize` prints beside a tuned best: which template, and why this config
+
+    def propose(history, k):
+        return pol.propose(Context(task=task, device=GPU, round=len(history) + 1, k=k, history=history, failures=[],
+                                   sample_exemplars=lambda: [], rng=random.Random(0)))
+
+    assert [p.meta["recipe"] for p in propose([], 3)] == [["compile:default"], ["cudagraph"]]
+    proposals = propose(BASELINES_MEASURED, 1)
+    assert [p.meta["recipe"] for p in proposals] == [["tuned"]]
+    note = proposals[0].meta["note"]  # what `optimize` prints beside a tuned best: which template, and why this config
     assert note.startswith("template: GEMM (float32, tf32x3") and "MxNxK" in note and "configuration BLOCK_K=" in note

@@ -3,7 +3,8 @@
 A recipe is a set of tokens (`rewrite:RULE`, `triton`, `compile:MODE`, `cudagraph`, `channels_last`,
 `cudnn_benchmark`, `tuned`, `tuned_gemm`, `bf16` only with `--allow-precision-change`); only tokens that apply to this
 reference and device are offered, and `valid` excludes conflicting ones. Proposals are scored by an additive
-model driven by the contrastive exemplars; a token that failed alone is not used again. Strict mode is refused.
+model driven by the contrastive exemplars; a token that failed alone is not used again; on a GPU the baselines are
+measured before anything else is proposed. Strict mode is refused.
 `thread_safe`: the only state kept is each reference's analysis, under a lock.
 Rationale: docs/design/recipes.md#policy
 """
@@ -51,6 +52,10 @@ TRITON_TEMPLATE_PRIOR = 0.65
 CUDNN_BENCHMARK_3D_PRIOR = 0.65
 FAIL_PENALTY = 0.5
 BASELINE_BONUS = 0.5  # baselines are tried early: the search must never lose to them
+# compile modes that capture CUDA graphs themselves, and the mode they equal without the capture: once `cudagraph`
+# alone is measured, such a mode's unmeasured effect is that mode's plus the capture's (on a task with large inputs
+# the capture's copies into static buffers cost more than launches: 0.4-0.98x on level 1's tasks on an H200)
+GRAPH_MODES = {"compile:reduce-overhead": "compile:default", "compile:max-autotune": "compile:max-autotune-no-cudagraphs"}
 
 
 def _unreproduced(row) -> bool:
@@ -187,6 +192,11 @@ class RecipesPolicy:
                 for t in rec:
                     if t in effect:
                         effect[t] -= FAIL_PENALTY / (4 if _unreproduced(row) else 1)
+        graph = seen.get(frozenset(["cudagraph"]))
+        if graph is not None and graph.state == "done" and graph.correct:
+            for mode, plain in GRAPH_MODES.items():
+                if mode in effect and frozenset([mode]) not in seen and plain in effect:
+                    effect[mode] = effect[plain] + effect["cudagraph"]
         usable = [t for t in tokens if t not in banned]
         chosen: list[Proposal] = []
         taken: set[frozenset] = set()
@@ -208,8 +218,14 @@ class RecipesPolicy:
 
         scored = [row for row in seen.values() if row.correct]
         composite = self.composite(usable, ctx)
-        if not scored:  # first round (or nothing worked yet): the composite and single tokens, baselines first
-            bonus = {t: BASELINE_BONUS for t in BASELINES[ctx.device.kind]}
+        baselines = {frozenset([t]) for t in BASELINES[ctx.device.kind] if t in usable}
+        if ctx.device.kind == "cuda" and baselines and not baselines & set(seen):
+            for recipe in sorted(baselines, key=sorted):  # on a GPU the baselines go first, alone: what CUDA graphs
+                offer(recipe, [], "seed")  # cost on this task decides half the recipes (GRAPH_MODES, the composite)
+            if chosen:
+                return chosen[:ctx.k]
+        if not scored or set(seen) <= baselines:  # the first round (after the GPU's baselines): single tokens and
+            bonus = {t: BASELINE_BONUS for t in BASELINES[ctx.device.kind]}  # the composite, ranked by effect
             seeds = [(frozenset([t]), effect[t] + bonus.get(t, 0.0), "seed") for t in usable]
             if composite is not None:
                 seeds.append((composite, sum(effect[t] for t in composite), "compose"))
@@ -217,7 +233,8 @@ class RecipesPolicy:
                 if len(chosen) >= ctx.k:
                     break
                 offer(recipe, [], op)
-        elif composite is not None and len(chosen) < ctx.k:  # e.g. baselines measured elsewhere: compose now
+        elif composite is not None and len(chosen) < ctx.k and sum(effect[t] for t in composite) > max(
+                math.log(max(r.speedup, 1e-6)) for r in scored):  # later: only while it promises a gain
             offer(composite, [], "compose")
         credit = {t: 0.0 for t in usable}
         attempts = 0

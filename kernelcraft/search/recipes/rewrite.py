@@ -16,8 +16,8 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from kernelcraft.search.recipes import (activations, convreduce, dimreduce, fxrules, gemmsplice, pooling, poollinear,
-                                        reductions, simplify, tritonfuse, tunematch)
+from kernelcraft.search.recipes import (activations, convreduce, depthwise, dimreduce, fxrules, gemmsplice, pooling,
+                                        poollinear, reductions, simplify, tritonfuse, tunematch)
 from kernelcraft.search.recipes.fxrules import _dtype, _torch
 
 # simplifications first: they expose work for the others (sum(x @ W.T / 2) -> sum(x @ W.T) / 2 -> a GEMV)
@@ -297,11 +297,11 @@ def run_analysis(source: str) -> dict:
 
 def triton_kernels(gm) -> tritonfuse.Fused | None:
     """The `triton` recipe's generated kernels, gm changed to call them: elementwise regions fused (`tritonfuse`),
-    then the reductions over one dimension (`dimreduce`) and the poolings (`pooling`) left in the graph; None when
-    nothing changed."""
+    then the reductions over one dimension (`dimreduce`), the poolings (`pooling`) and the depthwise convolutions
+    (`depthwise`) left in the graph; None when nothing changed."""
     fused = tritonfuse.fuse(gm)
     sources, regions = ([fused.source], list(fused.regions)) if fused else ([tritonfuse.HEADER], [])
-    for lower in (dimreduce.lower, pooling.lower):
+    for lower in (dimreduce.lower, pooling.lower, depthwise.lower):
         lowered = lower(gm)
         if lowered is not None:
             sources.append(lowered[0])
