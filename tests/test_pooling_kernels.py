@@ -2,12 +2,10 @@
 recipe): what is matched, what is left to PyTorch, and the kernels against PyTorch in Triton's interpreter."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 import triton_interpreter
-from triton_fusion import LOAD, calls, candidate, fuse
+from triton_fusion import LOAD, calls, case_files, fuse
 
 
 def _source(init: str, expr: str, shape=(2, 3, 20, 22)) -> str:
@@ -52,15 +50,7 @@ def test_what_the_kernel_does_not_take_stays_pytorch(init, expr):
 
 
 def test_generated_kernels_match_pytorch_in_the_interpreter(tmp_path):
-    cases = []
-    for i, (init, expr, shape) in enumerate(CASES):
-        ref, cand = tmp_path / f"ref{i}.py", tmp_path / f"cand{i}.py"
-        ref.write_text(_source(init, expr, shape))
-        cand.write_text(candidate(_source(init, expr, shape)))
-        assert "_kc_pool_kernel" in cand.read_text()
-        cases.append((str(ref), str(cand), list(shape)))
-    listing = tmp_path / "cases.json"
-    listing.write_text(json.dumps(cases))
+    listing = case_files(tmp_path, [(_source(init, expr, shape), shape) for init, expr, shape in CASES], "_kc_pool_kernel")
     proc = triton_interpreter.run(f"""
         import json, types, torch
         exec({LOAD!r})

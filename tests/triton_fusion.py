@@ -1,6 +1,8 @@
-"""For the tests of the `triton` recipe's generated kernels (`tritonfuse`, `dimreduce`, `pooling`): a task source
+"""For the tests of the `triton` recipe's generated kernels (`tritonfuse`, `dimreduce`, `pooling`, `depthwise`): a task source
 traced and fused as the `recipes` analysis does it, the candidate rendered from that, the calls left in the graph."""
 from __future__ import annotations
+
+import json
 
 from kernelcraft.search.recipes import render, rewrite
 
@@ -33,3 +35,18 @@ def candidate(source: str) -> str:
 def calls(gm) -> list:
     """The graph's function and method calls by name, in order."""
     return [getattr(n.target, "__name__", n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+
+
+def case_files(tmp_path, cases, kernel: str):
+    """Each (reference source, input shape) written out with its `triton` candidate, which must launch `kernel`:
+    the path of a JSON listing of [reference path, candidate path, shape] for an interpreter script."""
+    listing = []
+    for i, (source, shape) in enumerate(cases):
+        ref, cand = tmp_path / f"ref{i}.py", tmp_path / f"cand{i}.py"
+        ref.write_text(source)
+        cand.write_text(candidate(source))
+        assert kernel in cand.read_text()
+        listing.append((str(ref), str(cand), list(shape)))
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(listing))
+    return path

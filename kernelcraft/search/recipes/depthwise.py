@@ -13,7 +13,7 @@ Rationale: docs/design/recipes.md#depthwise
 from __future__ import annotations
 
 from kernelcraft.search.recipes.gemmparts import _dt, _meta
-from kernelcraft.search.recipes.render import generated_launcher
+from kernelcraft.search.recipes.render import replace_by_launcher
 
 BLOCK = 256  # output elements per program
 
@@ -168,27 +168,22 @@ def lower(gm) -> tuple[str, list[dict]] | None:
     found = [m for m in (match(gm, n) for n in list(gm.graph.nodes)) if m is not None]
     if not found:
         return None
-    g, info, defs = gm.graph, [], []
+    info, defs = [], []
     for idx, m in enumerate(found):
         n, name = m[1], f"_kc_dwconv{idx}"
-        launcher = generated_launcher(name)
         x = n.args[0]
-        with g.inserting_before(n):
-            if m[0] == "module":
-                call = g.call_function(launcher, (g.get_attr(n.target), x))
-                defs.append(f"def {name}(m, x):\n    return _kc_dwconv_module(m, x)\n")
-                what = type(gm.get_submodule(n.target)).__name__
-            else:
-                _, _, nd, st = m
-                call = g.call_function(launcher, (x, st["weight"], st["bias"]))
-                given = ", ".join(f"{st[k]!r}" for k in ARGS[2:])
-                defs.append(f"def {name}(x, w, b):\n    return _kc_dwconv(x, w, b, {nd}, {given}, "
-                            f"lambda: torch.nn.functional.conv{nd}d(x, w, b, {given}))\n")
-                what = f"conv{nd}d"
-        call.meta["tensor_meta"] = n.meta.get("tensor_meta")
-        n.replace_all_uses_with(call)
-        g.erase_node(n)
-        info.append({"name": name, "ops": 0, "inputs": 1, "reduce": f"depthwise {what}"})
-    g.lint()
+        if m[0] == "module":
+            defs.append(f"def {name}(m, x):\n    return _kc_dwconv_module(m, x)\n")
+            what = type(gm.get_submodule(n.target)).__name__
+            info.append(replace_by_launcher(gm, n, name, lambda g, n=n, x=x: (g.get_attr(n.target), x),
+                                            f"depthwise {what}"))
+            continue
+        _, _, nd, st = m
+        given = ", ".join(f"{st[k]!r}" for k in ARGS[2:])
+        defs.append(f"def {name}(x, w, b):\n    return _kc_dwconv(x, w, b, {nd}, {given}, "
+                    f"lambda: torch.nn.functional.conv{nd}d(x, w, b, {given}))\n")
+        info.append(replace_by_launcher(gm, n, name, lambda g, x=x, st=st: (x, st["weight"], st["bias"]),
+                                        f"depthwise conv{nd}d"))
+    gm.graph.lint()
     gm.recompile()
     return KERNELS + "\n" + LAUNCHER.format(block=BLOCK) + "\n\n" + "\n\n".join(defs), info

@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 
 from kernelcraft.search.recipes.gemmparts import _arg, _meta
-from kernelcraft.search.recipes.render import generated_launcher
+from kernelcraft.search.recipes.render import replace_by_launcher
 
 KINDS = ("sum", "mean", "amax", "amin", "argmax", "argmin")
 MAX_TILE = 2048  # elements of one program's (R chunk x inner tile) accumulator
@@ -188,19 +188,13 @@ def lower(gm) -> tuple[str, list[dict]] | None:
     g, info, defs = gm.graph, [], []
     for idx, (out, kind, x, dim, keepdim) in enumerate(found):
         name = f"_kc_red{idx}"
-        launcher = generated_launcher(name)
         defs.append(f"def {name}(x):\n    return _kc_dimreduce(x, {dim}, {keepdim}, {kind!r}, "
                     f"lambda: torch.{kind}(x, dim={dim}, keepdim={keepdim}))\n")
-        with g.inserting_before(out):
-            call = g.call_function(launcher, (x,))
-        call.meta["tensor_meta"] = out.meta.get("tensor_meta")
         pair = out.args[0] if out.target in (operator.getitem, getattr) else None
-        out.replace_all_uses_with(call)
-        g.erase_node(out)
+        rank = len(_meta(x).shape)
+        info.append(replace_by_launcher(gm, out, name, lambda g, x=x: (x,), f"{kind} over dimension {dim % rank}"))
         if pair is not None and not pair.users:
             g.erase_node(pair)
-        rank = len(_meta(x).shape)
-        info.append({"name": name, "ops": 0, "inputs": 1, "reduce": f"{kind} over dimension {dim % rank}"})
     g.lint()
     gm.recompile()
     launcher_src = LAUNCHER.format(max_inner=MAX_INNER, max_tile=MAX_TILE, min_work=MIN_WORK)

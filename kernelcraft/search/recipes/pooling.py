@@ -11,7 +11,7 @@ Rationale: docs/design/recipes.md#pooling
 from __future__ import annotations
 
 from kernelcraft.search.recipes.gemmparts import _dt, _meta
-from kernelcraft.search.recipes.render import generated_launcher
+from kernelcraft.search.recipes.render import replace_by_launcher
 
 BLOCK = 256  # output elements per program
 
@@ -157,30 +157,22 @@ def lower(gm) -> tuple[str, list[dict]] | None:
     found = [m for m in (match(gm, n) for n in list(gm.graph.nodes)) if m is not None]
     if not found:
         return None
-    g, info, defs = gm.graph, [], []
+    info, defs = [], []
     for idx, m in enumerate(found):
         n, name = m[1], f"_kc_pool{idx}"
-        launcher = generated_launcher(name)
         x = n.args[0]
-        with g.inserting_before(n):
-            if m[0] == "module":
-                module = g.get_attr(n.target)
-                call = g.call_function(launcher, (module, x))
-                defs.append(f"def {name}(m, x):\n    return _kc_pool_module(m, x)\n")
-                what = type(gm.get_submodule(n.target)).__name__
-            else:
-                _, _, nd, is_max, st = m
-                call = g.call_function(launcher, (x,))
-                fn = f"torch.nn.functional.{'max' if is_max else 'avg'}_pool{nd}d"
-                given = ", ".join(f"{k}={v!r}" for k, v in st.items())
-                defs.append(f"def {name}(x):\n    return _kc_pool(x, {nd}, {is_max}, {st['kernel_size']!r}, "
-                            f"{st['stride']!r}, {st['padding']!r}, {st.get('dilation', 1)!r}, "
-                            f"{st.get('count_include_pad', True)!r}, lambda: {fn}(x, {given}))\n")
-                what = fn.rsplit(".", 1)[1]
-        call.meta["tensor_meta"] = n.meta.get("tensor_meta")
-        n.replace_all_uses_with(call)
-        g.erase_node(n)
-        info.append({"name": name, "ops": 0, "inputs": 1, "reduce": what})
-    g.lint()
+        if m[0] == "module":
+            defs.append(f"def {name}(m, x):\n    return _kc_pool_module(m, x)\n")
+            info.append(replace_by_launcher(gm, n, name, lambda g, n=n, x=x: (g.get_attr(n.target), x),
+                                            type(gm.get_submodule(n.target)).__name__))
+            continue
+        _, _, nd, is_max, st = m
+        fn = f"torch.nn.functional.{'max' if is_max else 'avg'}_pool{nd}d"
+        given = ", ".join(f"{k}={v!r}" for k, v in st.items())
+        defs.append(f"def {name}(x):\n    return _kc_pool(x, {nd}, {is_max}, {st['kernel_size']!r}, "
+                    f"{st['stride']!r}, {st['padding']!r}, {st.get('dilation', 1)!r}, "
+                    f"{st.get('count_include_pad', True)!r}, lambda: {fn}(x, {given}))\n")
+        info.append(replace_by_launcher(gm, n, name, lambda g, x=x: (x,), fn.rsplit(".", 1)[1]))
+    gm.graph.lint()
     gm.recompile()
     return "import math\n" + KERNELS + "\n" + LAUNCHER.format(block=BLOCK) + "\n\n" + "\n\n".join(defs), info

@@ -120,6 +120,19 @@ def generated_launcher(name: str):
     return launcher
 
 
+def replace_by_launcher(gm, node, name: str, args, reduce: str) -> dict:
+    """`node` replaced in gm.graph by a call to the generated launcher `name` (`args(graph)` its arguments, built
+    just before the node; the node's uses move to the call); the region record of `rewrite.triton_kernels`,
+    `reduce` naming what the kernel replaced."""
+    g = gm.graph
+    with g.inserting_before(node):
+        call = g.call_function(generated_launcher(name), args(g))
+    call.meta["tensor_meta"] = node.meta.get("tensor_meta")
+    node.replace_all_uses_with(call)
+    g.erase_node(node)
+    return {"name": name, "ops": 0, "inputs": 1, "reduce": reduce}
+
+
 def indent_block(text: str, n: int) -> str:
     """`text` dedented, its leading and trailing blank lines dropped, indented by n spaces (generated source)."""
     return textwrap.indent(textwrap.dedent(text).strip("\n"), " " * n)
