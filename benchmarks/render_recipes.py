@@ -1,11 +1,13 @@
-"""Render the `recipes` policy's first-round GPU candidates for a KernelBench-layout directory, offline (CPU only),
+"""Render the `recipes` policy's first GPU candidates for a KernelBench-layout directory, offline (CPU only),
 so a GPU machine can judge them with `kernelcraft bench DIR --candidates OUT/<slot>` without searching.
 
 Usage: PYTHONPATH=$PWD python3 benchmarks/render_recipes.py DIR [DIR ...] --out OUT [--k 3] [--device-name "NVIDIA H100"]
        [--recipe channels_last+cudnn_benchmark ...]
 
-For every task the policy sees a fresh run on a CUDA device (no history) and proposes its first round of k
-candidates, exactly what `kernelcraft optimize --policy recipes --budget k` would evaluate first. Written:
+For every task the policy sees a fresh run on a CUDA device and proposes its first k candidates, what
+`kernelcraft optimize --policy recipes --budget k` would evaluate first: on a GPU the baselines form a round of
+their own, and the rest comes from the next round as if both baselines had tied eager (offline nothing is
+measured; a real run ranks by what they measured). Written:
 `OUT/<level>/composite/<task stem>.py` (the composite recipe: every rendered rewrite + compile:default +
 cudagraph, when the policy proposes one), `OUT/<level>/rewrites/<task stem>.py` (the largest rendered rewrite
 set alone, eager: no compile, no graph) and `OUT/manifest.jsonl` (one line per task: the recipes of the round,
@@ -23,19 +25,34 @@ import sys
 from pathlib import Path
 
 
-def _ctx(task, device, k):
+def _ctx(task, device, k, history):
+    from kernelcraft.search.exemplars import Exemplar, contrastive
     from kernelcraft.search.policies import Context
 
     rng = random.Random(0)
-    return Context(task=task, device=device, round=1, k=k, history=[], failures=[], sample_exemplars=lambda: [],
-                   rng=rng)
+    items = [Exemplar(r.id, r.source, r.speedup, [], r.meta) for r in history]
+    return Context(task=task, device=device, round=len(history) + 1, k=k, history=history, failures=[],
+                   sample_exemplars=lambda: contrastive(items, rng, n=2, tau=1.0), rng=rng)
+
+
+def _first_proposals(pol, task, device, k):
+    """The policy's first k proposals: its first round, then, when that was the GPU's baselines alone, the next
+    round with each of them recorded as measured at 1.0x."""
+    from kernelcraft.search.rundb import Row
+
+    props = pol.propose(_ctx(task, device, k, []))
+    if 0 < len(props) < k:
+        tied = [Row(id=i + 1, round=1, policy="recipes", source=p.source, sha256=None, state="done", status="correct",
+                    speedup=1.0, ci_low=0.95, ci_high=1.05, meta=p.meta) for i, p in enumerate(props)]
+        props += pol.propose(_ctx(task, device, k - len(props), tied))
+    return props
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--k", type=int, default=3, help="first-round size (the optimize budget when it is below 4)")
+    ap.add_argument("--k", type=int, default=3, help="how many first proposals (the optimize budget below 4)")
     ap.add_argument("--device-name", default="NVIDIA H100 80GB HBM3")
     ap.add_argument("--recipe", action="append", default=[], help="a recipe to render as it is (tokens joined by +)")
     args = ap.parse_args(argv)
@@ -50,11 +67,11 @@ def main(argv=None) -> int:
         for d in args.dirs:
             for path in sorted(d.glob("*.py")):
                 task = load_task(path)
-                ctx = _ctx(task, device, args.k)
+                ctx = _ctx(task, device, args.k, [])
                 a = pol.analysis(ctx)
                 row = {"task": f"{d.name}/{path.name}", "rules": a.rules, "error": a.error, "round": []}
                 try:
-                    props = pol.propose(ctx)
+                    props = _first_proposals(pol, task, device, args.k)
                 except Exception as e:  # noqa: BLE001 - reported per task
                     row["error"] = f"{type(e).__name__}: {e}"
                     props = []
