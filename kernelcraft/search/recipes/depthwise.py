@@ -12,7 +12,7 @@ Rationale: docs/design/recipes.md#depthwise
 """
 from __future__ import annotations
 
-from kernelcraft.search.recipes.gemmparts import _dt, _meta
+from kernelcraft.search.recipes.gemmparts import _floating_batched, _meta
 from kernelcraft.search.recipes.render import replace_by_launcher
 
 BLOCK = 256  # output elements per program
@@ -113,11 +113,6 @@ def _modules():
     import torch.nn as nn
 
     return {nn.Conv1d: 1, nn.Conv2d: 2}
-
-
-def _floating_batched(x, nd: int) -> bool:
-    tm = _meta(x)
-    return tm is not None and len(tm.shape) == nd + 2 and _dt(x) in ("float32", "float16", "bfloat16")
 
 
 def _depthwise(channels: int, groups, weight_shape) -> bool:

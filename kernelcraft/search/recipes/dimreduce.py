@@ -180,8 +180,6 @@ def _checked(out, call, kind: str, extra_kwargs: set):
 def lower(gm) -> tuple[str, list[dict]] | None:
     """Replace every reduction over one dimension in gm.graph by a call to `_kc_dimreduce`; (source, regions) or
     None when there is none."""
-    import torch
-
     found = [m for m in (match(n) for n in list(gm.graph.nodes)) if m is not None]
     if not found:
         return None

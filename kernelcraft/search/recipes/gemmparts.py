@@ -3,7 +3,8 @@ product (`product_of`: `nn.Linear`, `F.linear`, matmul/mm/bmm/`@`, a matrix-prod
 epilogue after it (`gemm_epilogue`, one op at a time by `epilogue_step`; a triu/tril only last), the template
 shape and the `Kernel`. Shared by `tunematch` (a whole forward is one instance) and `gemmsplice` (GEMM regions
 inside a larger forward), which differ only in which operands they accept and how they pass them; and the
-FX-reading helpers every template matcher shares (`_meta`, `_dt`, `_arg`, `_is_fn`, `_dim_is`, `_attr_expr`).
+FX-reading helpers every template matcher shares (`_meta`, `_dt`, `_floating_batched`, `_arg`, `_is_fn`, `_dim_is`,
+`_attr_expr`).
 Rationale: docs/design/recipes.md#tunematch
 """
 from __future__ import annotations
@@ -28,6 +29,12 @@ def _dt(n) -> str | None:
     tm = _meta(n)
     name = str(tm.dtype).replace("torch.", "") if tm is not None else None
     return name if name in DTYPE_BYTES else None
+
+
+def _floating_batched(x, nd: int) -> bool:
+    """x a float32/16 or bfloat16 batch of (channels, nd spatial dimensions) inputs."""
+    tm = _meta(x)
+    return tm is not None and len(tm.shape) == nd + 2 and _dt(x) in ("float32", "float16", "bfloat16")
 
 
 def _arg(n, i: int, name: str, default=None):

@@ -218,6 +218,7 @@ class RecipesPolicy:
 
         scored = [row for row in seen.values() if row.correct]
         composite = self.composite(usable, ctx)
+        composite_est = sum(effect[t] for t in composite) if composite is not None else None
         baselines = {frozenset([t]) for t in BASELINES[ctx.device.kind] if t in usable}
         if ctx.device.kind == "cuda" and baselines and not baselines & set(seen):
             for recipe in sorted(baselines, key=sorted):  # on a GPU the baselines go first, alone: what CUDA graphs
@@ -228,12 +229,12 @@ class RecipesPolicy:
             bonus = {t: BASELINE_BONUS for t in BASELINES[ctx.device.kind]}  # the composite, ranked by effect
             seeds = [(frozenset([t]), effect[t] + bonus.get(t, 0.0), "seed") for t in usable]
             if composite is not None:
-                seeds.append((composite, sum(effect[t] for t in composite), "compose"))
+                seeds.append((composite, composite_est, "compose"))
             for recipe, _, op in sorted(seeds, key=lambda c: (-c[1], sorted(c[0]))):
                 if len(chosen) >= ctx.k:
                     break
                 offer(recipe, [], op)
-        elif composite is not None and len(chosen) < ctx.k and sum(effect[t] for t in composite) > max(
+        elif composite is not None and len(chosen) < ctx.k and composite_est > max(
                 math.log(max(r.speedup, 1e-6)) for r in scored):  # later: only while it promises a gain
             offer(composite, [], "compose")
         credit = {t: 0.0 for t in usable}

@@ -10,7 +10,7 @@ Rationale: docs/design/recipes.md#pooling
 """
 from __future__ import annotations
 
-from kernelcraft.search.recipes.gemmparts import _dt, _meta
+from kernelcraft.search.recipes.gemmparts import _floating_batched
 from kernelcraft.search.recipes.render import replace_by_launcher
 
 BLOCK = 256  # output elements per program
@@ -111,11 +111,6 @@ def _modules():
     import torch.nn as nn
 
     return (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
-
-
-def _floating_batched(x, nd: int) -> bool:
-    tm = _meta(x)
-    return tm is not None and len(tm.shape) == nd + 2 and _dt(x) in ("float32", "float16", "bfloat16")
 
 
 def _settings(n, is_max: bool) -> dict | None:
