@@ -7,6 +7,7 @@ the fixed rule (what the calibrated rule changes), the rule's cases on synthetic
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 import math
 import subprocess
 import sys
@@ -254,6 +255,41 @@ def test_acceptance_judges_a_small_output_at_its_own_scale():
     assert not half.ok
     # a trial without float64 truth is held to the same rule
     assert not rule.trial(ref, zeros, None, compare_outputs(ref, zeros), None, None).ok
+
+
+def test_acceptance_lets_a_sparse_output_round_at_its_cancellations():
+    """relu((x W^T + b - 2) * 1.5) is mostly zeros, and where it is not, its value is a small difference of numbers
+    near 2: one ulp at 2 is far beyond what the round's own RMS allows when one small element is all the round
+    has. An honest reordering (the shift folded into the bias) errs there by that ulp: one such outlier per 1024
+    elements passes, within 4x the trials' worst absolute distance; a stale answer, or two outliers in 640, does not."""
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(5, 10, generator=g) / 3, torch.randn(5, generator=g) / 3
+    rule = None
+    for _ in range(3):
+        x = torch.randn(128, 10, generator=g)
+        ref = torch.relu((torch.nn.functional.linear(x, w, b) - 2.0) * 1.5)
+        cand = torch.relu(torch.addmm(b - 2.0, x, w.t()) * 1.5)
+        truth = torch.relu((torch.nn.functional.linear(x.double(), w.double(), b.double()) - 2.0) * 1.5)
+        res, rule = _judge(ref, cand, truth, trials=1) if rule is None else (
+            rule.trial(ref, cand, [truth], compare_outputs(ref, cand), None, None), rule)
+        assert res.ok, res.message
+    bound = rule.acceptance(None, None).bounds[0]
+    assert bound.kind == "relative" and 2.4e-7 < bound.outlier_abs < 1e-4
+    accepted = rule.acceptance(None, None)
+    r = torch.zeros(128, 5)
+    r[7, 2] = 7e-4  # the round's only positive element, just above the threshold
+    one_ulp = r.clone()
+    one_ulp[7, 2] += 1.79e-7  # one ulp of the 2.98 behind it, times 1.5
+    assert not compare_outputs(r, one_ulp, bound.atol, bound.rtol, relative=replace(bound.relative(),
+                                                                                        outlier_abs=0.0)).ok
+    assert accepted.compare(r, one_ulp).ok
+    stale = torch.zeros_like(r)  # the previous round's answer, no positive element here
+    assert not accepted.compare(r, stale).ok
+    two = one_ulp.clone()
+    two[9, 1] = 1.79e-7  # a second outlier: one in 1024 elements, rounded up, is 1 for 640
+    assert not accepted.compare(r, two).ok
+    small = accepted.compare(r[:8], one_ulp[:8])  # 40 elements: too few to let any be an outlier
+    assert not small.ok
 
 
 def test_fixed_precision_is_the_plain_tolerance_check():

@@ -2,7 +2,8 @@
 
 `Acceptance` (made by `precision.Rule.acceptance`) holds one `Bound` per output: `exact`, `fixed` or `relative`.
 The timed rounds, the trials without truth, a further candidate process's trial and the weights trial judge by it.
-Invariant: a calibrated (`relative`) output is never checked against an absolute floor, only at its own scale.
+Invariant: a calibrated (`relative`) output is checked at its own scale, never against an absolute floor; only a
+few isolated elements (`compare.OUTLIER_EVERY`) may instead be within MARGIN x the trials' worst absolute distance.
 `Sample` copies a timed output at secret indices, fresh each round, the moment the candidate's call ends.
 
 Rationale: docs/design/judge-correctness.md#acceptance
@@ -30,9 +31,10 @@ class Bound:
     rtol: float | None = None
     rms: float = 0.0
     floor: float = 0.0  # relative: the least scale (SCALE_FLOOR x the trials' output RMS)
+    outlier_abs: float = 0.0  # relative: how far from the reference an outlier may be (MARGIN x the trials' worst)
 
     def relative(self) -> Relative | None:
-        return Relative(self.floor, self.rms) if self.kind == "relative" else None
+        return Relative(self.floor, self.rms, self.outlier_abs) if self.kind == "relative" else None
 
 
 @dataclass(frozen=True)

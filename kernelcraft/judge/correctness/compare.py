@@ -63,13 +63,22 @@ def default_tolerance(dtype: torch.dtype) -> float:
     return DEFAULT_TOL.get(dtype, 1e-4 if dtype.is_floating_point else 0.0)
 
 
+OUTLIER_EVERY = 1024  # a relative bound lets one element in this many (rounded up) be an outlier ...
+OUTLIER_MIN_N = 64  # ... in an output of at least this many elements
+
+
 @dataclass(frozen=True)
 class Relative:
     """A scale-relative bound (`acceptance`): atol multiplies RMS(ref) itself, floored at `floor` (never
     max(1, RMS): an output of small magnitude is checked at its own scale), and RMS(cand - ref) must stay within
-    `rms` x that scale."""
+    `rms` x that scale. Outliers: a few elements beyond it, each within `outlier_abs` of the reference (absolute),
+    pass and are left out of the RMS (docs/design/judge-correctness.md#acceptance)."""
     floor: float
     rms: float
+    outlier_abs: float = 0.0
+
+    def outliers_allowed(self, n: int) -> int:
+        return -(-n // OUTLIER_EVERY) if self.outlier_abs > 0 and n >= OUTLIER_MIN_N else 0
 
 
 def compare_outputs(ref, cand, atol: float | None = None, rtol: float | None = None,
@@ -204,10 +213,13 @@ def _compare_values(res: Comparison, r: torch.Tensor, c: torch.Tensor, atol, rto
         return
     res.max_abs_err = max(res.max_abs_err, found["max_abs"])
     res.max_rel_err = max(res.max_rel_err, found["max_rel"])
-    if found["over"]:
+    allowed = relative.outliers_allowed(found["finite"]) if relative is not None else 0
+    if found["far"] or found["over"] > allowed:
+        outliers = (f"; up to {allowed} may be outliers within {relative.outlier_abs:.3g} of the reference, "
+                    f"{found['far']} beyond that" if allowed else "")
         res.fail("value_mismatch",
                  f"{where}{found['over']} of {found['finite']} elements outside tolerance (atol={a:g}×"
-                 f"{found['scale']:.3g}, rtol={rt:g}); max abs err {found['max_abs']:.3g}")
+                 f"{found['scale']:.3g}, rtol={rt:g}{outliers}); max abs err {found['max_abs']:.3g}")
         return
     if relative is not None:
         rms = (found["sq_diff"] / found["finite"]) ** 0.5
@@ -254,16 +266,19 @@ def _finite_stats(r: torch.Tensor, c: torch.Tensor, a: float, rt: float, chunk: 
         sq += torch.linalg.vector_norm(fr[i:i + chunk].to(dev), dtype=torch.float64).pow(2)
     n = fr.numel()
     scale = _scale(float(sq), n, relative)
+    loose = relative.outlier_abs if relative is not None else 0.0
     maxima = torch.zeros(2, dtype=torch.float64, device=dev)  # max abs, max rel
-    over = torch.zeros((), dtype=torch.int64, device=dev)
+    counts = torch.zeros(2, dtype=torch.int64, device=dev)  # over the bound, of those beyond `loose` too
     sq_diff = torch.zeros((), dtype=torch.float64, device=dev)
     for r64, c64 in chunks([r, c], chunk, dev):
         diff = c64.sub_(r64).abs_()
         mag = r64.abs_()
-        over += (diff > mag.mul(rt).add_(a * scale)).sum()
-        sq_diff += diff.pow(2).sum()
+        beyond = diff > mag.mul(rt).add_(a * scale)
+        counts += torch.stack([beyond.sum(), (beyond & (diff > loose)).sum()])
+        sq_diff += (diff.masked_fill(beyond, 0.0) if loose else diff).pow(2).sum()  # (outliers left out)
         maxima = torch.maximum(maxima, torch.stack([diff.max(), diff.div_(mag.clamp_min_(a * scale)).max()]))
-    out = dict(bad_nonfinite=0, missing_nonfinite=0, finite=n, scale=scale, over=int(over), sq_diff=float(sq_diff))
+    over, far = (int(x) for x in counts.tolist())
+    out = dict(bad_nonfinite=0, missing_nonfinite=0, finite=n, scale=scale, over=over, far=far, sq_diff=float(sq_diff))
     out["max_abs"], out["max_rel"] = (float(x) for x in maxima.tolist())
     return out
 
@@ -286,22 +301,24 @@ def _value_stats(r: torch.Tensor, c: torch.Tensor, a: float, rt: float, chunk: i
         sq += torch.where(both, r64, 0.0).pow(2).sum()
     bad, missing, finite = (int(x) for x in counts.tolist())
     out = dict(bad_nonfinite=bad, missing_nonfinite=missing, finite=finite, max_abs=0.0, max_rel=0.0, over=0,
-               scale=1.0, sq_diff=0.0)
+               far=0, scale=1.0, sq_diff=0.0)
     if bad or missing or not finite:
         return out
     scale = out["scale"] = _scale(float(sq), finite, relative)
+    loose = relative.outlier_abs if relative is not None else 0.0
     maxima = torch.zeros(2, dtype=torch.float64, device=dev)  # max abs, max rel
-    over = torch.zeros((), dtype=torch.int64, device=dev)
+    counts = torch.zeros(2, dtype=torch.int64, device=dev)  # over the bound, of those beyond `loose` too
     sq_diff = torch.zeros((), dtype=torch.float64, device=dev)
     for r64, c64 in chunks([r, c], chunk, dev):
         both = torch.isfinite(r64) & torch.isfinite(c64)
         diff = torch.where(both, (c64 - r64).abs(), 0.0)
         rv = torch.where(both, r64, 0.0)
         maxima = torch.maximum(maxima, torch.stack([diff.max(), (diff / rv.abs().clamp_min(a * scale)).max()]))
-        over += (both & ~within_tolerance(rv, torch.where(both, c64, 0.0), a, rt, scale)).sum()
-        sq_diff += diff.pow(2).sum()
+        beyond = both & ~within_tolerance(rv, torch.where(both, c64, 0.0), a, rt, scale)
+        counts += torch.stack([beyond.sum(), (beyond & (diff > loose)).sum()])
+        sq_diff += (diff.masked_fill(beyond, 0.0) if loose else diff).pow(2).sum()  # (outliers left out)
     out["max_abs"], out["max_rel"] = (float(x) for x in maxima.tolist())
-    out["over"] = int(over)
+    out["over"], out["far"] = (int(x) for x in counts.tolist())
     out["sq_diff"] = float(sq_diff)
     return out
 

@@ -307,7 +307,8 @@ class Rule:
         worst_max = max(e["max_c"], e["max_e"]) + max(e["max_r"], e["max_e"])  # |c - r| <= |c - t| + |r - t|
         worst_rms = max(e["rms_c"], e["rms_e"]) + max(e["rms_r"], e["rms_e"])
         return Bound("relative", max(MARGIN * (worst_max / s + ulps), fixed_a), fixed_r,
-                     rms=max(MARGIN * (worst_rms / s + ulps), fixed_a), floor=SCALE_FLOOR * s)
+                     rms=max(MARGIN * (worst_rms / s + ulps), fixed_a), floor=SCALE_FLOOR * s,
+                     outlier_abs=MARGIN * worst_max)
 
     def acceptance(self, atol, rtol) -> Acceptance:
         """Every output's bound: the trials' hand-off to timing, the weights trial and a second process's trial."""
