@@ -94,6 +94,20 @@ def test_every_cpu_recipe_renders_correct_source(analyses):
     assert checked >= 12
 
 
+def test_a_parameter_left_at_its_default_is_traced_as_that_value():
+    """get_inputs() passes x only: `h=None` must take the reference's `if h is None` branch in the rewritten
+    forward (traced as a proxy it was dropped, and the candidate called the layer on None)."""
+    task = load_task(FIXTURES / "tasks" / "optional_state.py")
+    a = rewrite.analyze(task.source)
+    assert a.rules == ["fold_scalars", "inplace"]  # dead code is not the assertion that h is still None
+    src = wrappers.render(task.source, ["rewrite:fold_scalars", "rewrite:inplace"], a)
+    assert "zeros_like" in src and "6.0" in src and "_assert_is_none(h" in src
+    assert _same_as_reference(task, src)
+    cand = _module(src, "cand").ModelNew(32)
+    with pytest.raises(AssertionError, match="specialized"):  # a caller's h is never silently dropped
+        cand(torch.randn(8, 32), torch.randn(8, 32))
+
+
 def test_gpu_and_compile_recipes_render_valid_source(analyses):
     task, a = analyses["conv"]
     for recipe, needles in [

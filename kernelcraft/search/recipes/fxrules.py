@@ -281,8 +281,14 @@ def rule_dead_code(gm) -> bool:
         else:
             seen[k] = n
     before = len(g.nodes)
-    g.eliminate_dead_code()
+    g.eliminate_dead_code(is_impure_node=_kept)
     return changed or len(g.nodes) < before
+
+
+def _kept(n) -> bool:
+    """A node dead-code elimination keeps though nothing uses it: FX's impure ones, and the assertion that a
+    parameter traced at its default still has it (`rewrite._trace`)."""
+    return n.is_impure() or getattr(n.target, "__name__", "") == "_assert_is_none"
 
 
 def _fresh(gm, n) -> bool:

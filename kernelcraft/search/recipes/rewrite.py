@@ -110,9 +110,21 @@ def _propagate(gm, inputs) -> None:
 
 
 def _trace(model, inputs):
-    gm = _torch().fx.symbolic_trace(model)
+    """The forward as called with `inputs`: parameters the inputs leave at their defaults are traced as those
+    values (`h0=None` takes its `if h0 is None` branch; a call that passes one fails an assertion, never ignores it)."""
+    gm = _torch().fx.symbolic_trace(model, concrete_args=_defaulted(model, inputs) or None)
     _propagate(gm, inputs)
     return gm
+
+
+def _defaulted(model, inputs) -> dict:
+    import inspect
+
+    if inputs is None:
+        return {}
+    params = [p for p in inspect.signature(model.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return {p.name: p.default for p in params[len(inputs):] if p.default is not p.empty}
 
 
 def _copy(gm):
