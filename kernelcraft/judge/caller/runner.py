@@ -12,6 +12,7 @@ Rationale: docs/design/judge-caller.md#runner
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import selectors
@@ -301,7 +302,7 @@ def _watch(out: WorkerOutcome, r_fd: int, nonce: str, t_start: float, timeout_s:
                     prev = out.phase
                     out.phase = msg["phase"]
                     out.build_s = msg.get("build_s", out.build_s)
-                    now = time.monotonic()
+                    now = _sent_at(msg, t_start + (out.phases[-1][1] if out.phases else 0.0))
                     out.phases.append((out.phase, now - t_start))
                     if out.phase in WAIT_PHASES and prev not in WAIT_PHASES:  # a clock stops while its job waits
                         paused = (prev in BUILD_PHASES, now - phase_start)
@@ -318,6 +319,14 @@ def _watch(out: WorkerOutcome, r_fd: int, nonce: str, t_start: float, timeout_s:
                 break
     finally:
         sel.close()
+
+
+def _sent_at(msg: dict, last: float) -> float:
+    """When the judge sent a message (its `sent`), held between the previous phase's start and now: a caller that
+    reads the channel late (a loaded host) would otherwise move time from one phase into the next."""
+    now = time.monotonic()
+    sent = msg.get("sent")
+    return min(max(float(sent), last), now) if isinstance(sent, (int, float)) and math.isfinite(sent) else now
 
 
 def _fork(env: dict, work_dir: Path, root: Path, log_fd: int, chan_fd: int, early: bool = False):

@@ -35,7 +35,10 @@ class Channel:
         self.nonce = nonce  # the current job's
 
     def send(self, kind: str, **data) -> None:
-        self._f.write(json.dumps({"nonce": self.nonce, "type": kind, **data}, default=str) + "\n")
+        """One message; `sent` is when (CLOCK_MONOTONIC, one clock for every process of the host): the caller
+        times phases by it, not by when it got to read the message."""
+        self._f.write(json.dumps({"nonce": self.nonce, "type": kind, "sent": time.monotonic(), **data},
+                                 default=str) + "\n")
         self._f.flush()
 
 
