@@ -217,6 +217,9 @@ def test_small_outputs_widen_the_factor():
     o = precision.Output(TensorSpec((1,), (1,), "float32"), "calibrated", n=5)
     big = precision.Output(TensorSpec((1,), (1,), "float32"), "calibrated", n=5000)
     assert o.bounds(6.0)[0] > 3 * big.bounds(6.0)[0] and big.bounds(6.0)[0] == 6.0
+    # what counts is the informative elements: 5000 pooled, 5 of them where the truth or an error is not zero
+    sparse = precision.Output(TensorSpec((1,), (1,), "float32"), "calibrated", n=5000, n_i=5)
+    assert sparse.bounds(6.0)[0] == o.bounds(6.0)[0]
 
 
 def test_acceptance_covers_what_the_trials_accepted():
@@ -275,6 +278,8 @@ def test_acceptance_lets_a_sparse_output_round_at_its_cancellations():
         assert res.ok, res.message
     bound = rule.acceptance(None, None).bounds[0]
     assert bound.kind == "relative" and 2.4e-7 < bound.outlier_abs < 1e-4
+    o = rule.outputs[0]
+    assert 0 < o.n_i < o.n / 10  # the zeros, exact on both sides, inform nothing: F widens as for a small output
     accepted = rule.acceptance(None, None)
     r = torch.zeros(128, 5)
     r[7, 2] = 7e-4  # the round's only positive element, just above the threshold

@@ -18,7 +18,7 @@ from kernelcraft.verdict import UNVERIFIABLE  # noqa: F401  (`precision` and the
 
 FLOOR_ULPS = 256  # 2^-16 of the output scale in fp32: fast-math transcendentals (~2^-18) pass, fp16/TF32 (2^-11) do not
 MAX_FACTOR = 2.0  # the max-error bound is MAX_FACTOR x F
-SMALL_N = 64
+SMALL_N = 64  # F widens by sqrt(SMALL_N / n) below this many informative elements (a relu's zeros inform nothing)
 CAP = 1e-2  # the reference's own relative RMS error beyond which it needs a named reason to calibrate anything
 ENVELOPE_EXPLAINS = 4.0  # ... such as the TF32 envelope erring at least 1/4 as much (cuDNN truncates, we round)
 MEANINGFUL = 0.5  # a calibrated RMS bound at or above this share of the output's RMS checks nothing
@@ -38,6 +38,7 @@ class Output:
     mode: str  # "calibrated", "fixed", "exact" or "value" (a non-tensor output)
     note: str = ""
     n: int = 0
+    n_i: int = 0  # informative elements: the truth or either side's error not zero (`SMALL_N` counts these)
     sq_t: float = 0.0
     sq_r: float = 0.0
     sq_c: float = 0.0
@@ -74,7 +75,7 @@ class Output:
         the side measured a bf16 envelope (the TF32 one errs by over `fp64.COARSE_ABOVE`), the RMS bound is at most
         `TOWARDS_BF16` of the way, on a log scale, from that error to bf16's (`below_bf16`): where TF32 alone errs by
         percents, 6x it reaches bf16."""
-        f = factor * max(1.0, math.sqrt(SMALL_N / max(self.n, 1)))
+        f = factor * max(1.0, math.sqrt(SMALL_N / max(self.n_i or self.n, 1)))  # (n_i 0: none pooled apart)
         floor = FLOOR_ULPS * unit_roundoff(self.dtype) * max(self.scale, torch.finfo(self.dtype).tiny)
         e = self.errors()
         b_rms = f * max(e["rms_r"], e["rms_e"])

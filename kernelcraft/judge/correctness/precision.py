@@ -250,7 +250,7 @@ class Rule:
         slack = FLOOR_ULPS * unit_roundoff(o.dtype)
 
         def run(chunk, dev):  # sums and maxima stay on the device until the pass ends: one sync, not one per chunk
-            n = torch.zeros((), dtype=torch.int64, device=dev)
+            n = torch.zeros(2, dtype=torch.int64, device=dev)  # finite, informative
             sums = torch.zeros(3, dtype=torch.float64, device=dev)  # sq_t, sq_r, sq_c
             maxima = torch.zeros(2, dtype=torch.float64, device=dev)  # max_r, max_c
             for r64, c64, t64 in chunks([r, c, t], chunk, dev):
@@ -258,16 +258,16 @@ class Rule:
                 t0 = torch.where(ok, t64, 0.0)
                 er = torch.where(ok, r64 - t0, 0.0)
                 ec = torch.where(ok, c64 - t0, 0.0)
-                n += ok.sum()
+                n += torch.stack([ok.sum(), (ok & ((t0 != 0) | (er != 0) | (ec != 0))).sum()])
                 sums += torch.stack([t0.pow(2).sum(), er.pow(2).sum(), ec.pow(2).sum()])
                 maxima = torch.maximum(maxima, torch.stack(
                     [er.abs().max(), (ec.abs() - slack * t0.abs()).clamp_min(0).max()]))
             sq_t, sq_r, sq_c = sums.tolist()
             max_r, max_c = maxima.tolist()
-            return int(n), sq_t, sq_r, sq_c, max_r, max_c
+            return *(int(x) for x in n.tolist()), sq_t, sq_r, sq_c, max_r, max_c
 
-        n, sq_t, sq_r, sq_c, max_r, max_c = with_retries(run, self.device)  # host copies stream through the GPU
-        o.n += n
+        n, n_i, sq_t, sq_r, sq_c, max_r, max_c = with_retries(run, self.device)  # (host copies stream via the GPU)
+        o.n, o.n_i = o.n + n, o.n_i + n_i
         o.sq_t, o.sq_r, o.sq_c = o.sq_t + sq_t, o.sq_r + sq_r, o.sq_c + sq_c
         o.max_r, o.max_c = max(o.max_r, max_r), max(o.max_c, max_c)
 
