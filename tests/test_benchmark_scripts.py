@@ -49,6 +49,35 @@ def test_rule_coverage_and_render_recipes_on_a_kernelbench_layout(tmp_path):
     assert [len(x["round"]) for x in rows] == [3, 3] and all(x["error"] is None for x in rows)
 
 
+def test_check_renders_runs_each_render_against_its_task_at_reduced_sizes(tmp_path):
+    """The rewrites `render_recipes` wrote match their task (at sizes divided by 4, under Triton's interpreter);
+    a render that scales the answer is a MISMATCH, one that fails is an error, and either exits 1."""
+    import json
+    import shutil
+
+    tasks = tmp_path / "level2"
+    tasks.mkdir()
+    shutil.copy(ROOT / "tests" / "fixtures" / "tasks" / "simplify_chain.py", tasks / "1_Chain.py")
+    r = _script(tmp_path, "render_recipes.py", str(tasks), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    renders = tmp_path / "out" / "level2" / "rewrites"
+    r = _script(tmp_path, "check_renders.py", str(renders), str(tasks), "--shrink", "4", "--json",
+                str(tmp_path / "rows.jsonl"))
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    rows = [json.loads(x) for x in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [(x["file"], x["status"]) for x in rows] == [("1_Chain.py", "match")] and rows[0]["rel_err"] < 1e-5
+    good = (renders / "1_Chain.py").read_text()
+    (renders / "1_Chain.py").write_text(good + "\n_kc_forward = ModelNew.forward\n"
+                                        "ModelNew.forward = lambda self, x: _kc_forward(self, x) * 1.01\n")
+    shutil.copy(tasks / "1_Chain.py", tasks / "2_Chain.py")
+    (renders / "2_Chain.py").write_text(good.replace("class ModelNew(Model):", "class ModelNew(Model):\n"
+                                                     "    def forward(self, x):\n        raise RuntimeError('no')\n"
+                                                     "\n\nclass _Unused(Model):"))
+    r = _script(tmp_path, "check_renders.py", str(renders), str(tasks), "--shrink", "4")
+    assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+    assert "1_Chain.py" in r.stdout and "MISMATCH" in r.stdout and "RuntimeError: no" in r.stdout, r.stdout
+
+
 def test_processes_bias_reports_each_process_count(tmp_path):
     import json
 
