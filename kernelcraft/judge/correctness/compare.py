@@ -255,6 +255,14 @@ def _scale(sq: float, n: int, relative: Relative | None) -> float:
     return max(1.0, rms) if relative is None else max(rms, relative.floor, 1e-30)
 
 
+def _tally(diff: torch.Tensor, beyond: torch.Tensor, relative: Relative | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk's (elements beyond the bound, of those also beyond the outliers' allowance) and sum of squared
+    differences, outliers left out where a relative bound allows any (`Relative`)."""
+    loose = relative.outlier_abs if relative is not None else 0.0
+    return (torch.stack([beyond.sum(), (beyond & (diff > loose)).sum()]),
+            (diff.masked_fill(beyond, 0.0) if loose else diff).pow(2).sum())
+
+
 def _finite_stats(r: torch.Tensor, c: torch.Tensor, a: float, rt: float, chunk: int, dev: torch.device,
                   relative: Relative | None = None) -> dict:
     """`_value_stats` when both outputs are finite everywhere: the reference's sum of squares from a float64 norm,
@@ -266,16 +274,15 @@ def _finite_stats(r: torch.Tensor, c: torch.Tensor, a: float, rt: float, chunk: 
         sq += torch.linalg.vector_norm(fr[i:i + chunk].to(dev), dtype=torch.float64).pow(2)
     n = fr.numel()
     scale = _scale(float(sq), n, relative)
-    loose = relative.outlier_abs if relative is not None else 0.0
     maxima = torch.zeros(2, dtype=torch.float64, device=dev)  # max abs, max rel
-    counts = torch.zeros(2, dtype=torch.int64, device=dev)  # over the bound, of those beyond `loose` too
+    counts = torch.zeros(2, dtype=torch.int64, device=dev)  # (`_tally`)
     sq_diff = torch.zeros((), dtype=torch.float64, device=dev)
     for r64, c64 in chunks([r, c], chunk, dev):
         diff = c64.sub_(r64).abs_()
         mag = r64.abs_()
-        beyond = diff > mag.mul(rt).add_(a * scale)
-        counts += torch.stack([beyond.sum(), (beyond & (diff > loose)).sum()])
-        sq_diff += (diff.masked_fill(beyond, 0.0) if loose else diff).pow(2).sum()  # (outliers left out)
+        got = _tally(diff, diff > mag.mul(rt).add_(a * scale), relative)
+        counts += got[0]
+        sq_diff += got[1]
         maxima = torch.maximum(maxima, torch.stack([diff.max(), diff.div_(mag.clamp_min_(a * scale)).max()]))
     over, far = (int(x) for x in counts.tolist())
     out = dict(bad_nonfinite=0, missing_nonfinite=0, finite=n, scale=scale, over=over, far=far, sq_diff=float(sq_diff))
@@ -305,18 +312,17 @@ def _value_stats(r: torch.Tensor, c: torch.Tensor, a: float, rt: float, chunk: i
     if bad or missing or not finite:
         return out
     scale = out["scale"] = _scale(float(sq), finite, relative)
-    loose = relative.outlier_abs if relative is not None else 0.0
     maxima = torch.zeros(2, dtype=torch.float64, device=dev)  # max abs, max rel
-    counts = torch.zeros(2, dtype=torch.int64, device=dev)  # over the bound, of those beyond `loose` too
+    counts = torch.zeros(2, dtype=torch.int64, device=dev)  # (`_tally`)
     sq_diff = torch.zeros((), dtype=torch.float64, device=dev)
     for r64, c64 in chunks([r, c], chunk, dev):
         both = torch.isfinite(r64) & torch.isfinite(c64)
         diff = torch.where(both, (c64 - r64).abs(), 0.0)
         rv = torch.where(both, r64, 0.0)
         maxima = torch.maximum(maxima, torch.stack([diff.max(), (diff / rv.abs().clamp_min(a * scale)).max()]))
-        beyond = both & ~within_tolerance(rv, torch.where(both, c64, 0.0), a, rt, scale)
-        counts += torch.stack([beyond.sum(), (beyond & (diff > loose)).sum()])
-        sq_diff += (diff.masked_fill(beyond, 0.0) if loose else diff).pow(2).sum()  # (outliers left out)
+        got = _tally(diff, both & ~within_tolerance(rv, torch.where(both, c64, 0.0), a, rt, scale), relative)
+        counts += got[0]
+        sq_diff += got[1]
     out["max_abs"], out["max_rel"] = (float(x) for x in maxima.tolist())
     out["over"], out["far"] = (int(x) for x in counts.tolist())
     out["sq_diff"] = float(sq_diff)
