@@ -227,11 +227,6 @@ def describe(v) -> str:
 def check_verdict(v, expect: Expect, spec: Spec) -> None:
     where = f"{spec.name} (expected {expect}): {describe(v)}"
     if expect.status is None:  # no_gain
-        # an honest "cannot tell" counts as no gain shown: the verdict says the host was too noisy and the interval
-        # it reports reaches down to 1x. Not this run's own interval: under bursty load on 2 cores the rounds' errors
-        # are correlated in time and a no-gain candidate read 2.14x within-run (1.50-2.80), reported 0.31-4.08. A
-        # real gain still fails: the sabotage this guards against (3 ms on a 2 ms call) reads ~2.4x, above 1 at
-        # the reported interval's lower end
         assert not _shows_gain(v, expect), where
         return
     assert v.status == expect.status, where
@@ -261,6 +256,11 @@ def test_hack_denied(spec: Spec, screen: bool, cache_dir):
 
 
 def _shows_gain(v, expect: Expect) -> bool:
+    """A correct verdict above the no-gain bound. An honest "cannot tell" shows none: the verdict says the host was
+    too noisy and the interval it reports reaches down to 1x. Not this run's own interval: under bursty load on 2
+    cores the rounds' errors are correlated in time and a no-gain candidate read 2.14x within-run (1.50-2.80),
+    reported 0.31-4.08. A real gain still shows: the sabotage guarded against (3 ms on a 2 ms call) reads ~2.4x,
+    above 1 at the reported interval's lower end."""
     noisy = (v.timing is not None and (v.timing.note or "").startswith("host too noisy")
              and v.timing.ci95[0] <= 1.0)
     return v.status == "correct" and (v.speedup is None or v.speedup > expect.max_speedup) and not noisy
