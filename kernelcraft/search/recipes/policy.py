@@ -217,7 +217,7 @@ class RecipesPolicy:
             return True
 
         scored = [row for row in seen.values() if row.correct]
-        composite = self.composite(usable, ctx)
+        composite = self.composite(usable, ctx, effect)
         composite_est = sum(effect[t] for t in composite) if composite is not None else None
         baselines = {frozenset([t]) for t in BASELINES[ctx.device.kind] if t in usable}
         if ctx.device.kind == "cuda" and baselines and not baselines & set(seen):
@@ -286,18 +286,20 @@ class RecipesPolicy:
             return CUDNN_BENCHMARK_3D_PRIOR
         return PRIORS[ctx.device.kind][token]
 
-    def composite(self, usable: list[str], ctx: Context) -> frozenset | None:
+    def composite(self, usable: list[str], ctx: Context, effect: dict[str, float] | None = None) -> frozenset | None:
         """The largest rendered rewrite set, then compile:default, cudagraph and the conv nets' cudnn_benchmark and
-        channels_last, each kept only if the recipe stays valid and the token's prior is a gain here
+        channels_last, each kept only if the recipe stays valid and the token is not a loss here: its `effect`
+        (ln speedup measured alone, else its prior) at least 0, its prior above 0 without one
         (docs/design/recipes.md#policy); None when that is fewer than two tokens."""
         prior = PRIORS[ctx.device.kind]
+        gains = (lambda t: effect[t] >= 0) if effect is not None else (lambda t: self.prior(t, ctx) > 0)
         compiled = "compile:default" in usable
         subsets = [frozenset(f"rewrite:{r}" for r in key.split("+")) for key in self.analysis(ctx).variants if key]
         subsets = [s for s in subsets if s <= set(usable) and not (compiled and "rewrite:inplace" in s)
                    and self.valid(s, ctx)]  # rendered variants only: not every subset is one (rewrite.py)
         recipe = max(subsets, key=lambda s: (len(s), sum(prior[t] for t in s), sorted(s)), default=frozenset())
         for t in ("compile:default", "cudagraph", "cudnn_benchmark", "channels_last"):
-            if t in usable and self.prior(t, ctx) > 0 and self.valid(recipe | {t}, ctx):
+            if t in usable and gains(t) and self.valid(recipe | {t}, ctx):
                 recipe = recipe | {t}
         return recipe if len(recipe) >= 2 else None
 
