@@ -141,3 +141,46 @@ def test_template_tasks_selects_by_rule_and_renders_the_tuned_recipes(tmp_path):
                                                                       "3_splice_two_linears.py"]
     assert "_kc_g1_run" in (tmp_path / "cands" / "3_splice_two_linears.py").read_text()  # one kernel per region
     assert "template: GEMM" in r.stdout or "tuned_gemm" in r.stdout
+
+
+def _bench_out(d: Path, verdicts: list[dict], baselines: list[dict]) -> Path:
+    import json
+
+    d.mkdir()
+    (d / "verdicts.jsonl").write_text("".join(json.dumps(v) + "\n" for v in verdicts))
+    (d / "baselines.jsonl").write_text("".join(json.dumps(b) + "\n" for b in baselines))
+    return d
+
+
+def test_bench_table_scores_each_task_against_its_best_baseline_and_a_rerun_replaces_it(tmp_path):
+    import json
+
+    won = {"best_techniques": ["cudnn benchmark"]}
+    kept = {"kind": "reference"}
+    first = _bench_out(tmp_path / "a", [
+        {"task": "1_Fast", "status": "correct", "speedup": 2.0, "timing": {"ci95": [1.8, 2.2]}, "optimize": won},
+        {"task": "2_Kept", "status": "correct", "speedup": 1.0, "fallback": kept},
+        {"task": "3_Wrong", "status": "incorrect", "speedup": None},
+    ], [{"task": "1_Fast", "baseline": "inductor", "status": "correct", "speedup": 0.5},
+        {"task": "1_Fast", "baseline": "cudagraph", "status": "correct", "speedup": 0.8},
+        {"task": "2_Kept", "baseline": "inductor", "status": "correct", "speedup": 1.25},
+        {"task": "3_Wrong", "baseline": "inductor", "status": "incorrect", "speedup": 3.0}])
+    r = _script(tmp_path, "bench_table.py", str(first), "--markdown", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {line.split(" | ")[0].strip("| "): line for line in r.stdout.splitlines() if line.startswith("| ")}
+    assert "| 2.00 | [1.80-2.20] | cudnn benchmark | 2.00 | 4.00 |" in rows["1_Fast"]  # over max(eager, 0.8)
+    assert "reference kept" in rows["2_Kept"] and rows["2_Kept"].endswith("| 0.80 | 0.80 |")
+    assert rows["3_Wrong"].endswith("| incorrect | 1.00 | 1.00 |")  # an incorrect inductor is no baseline
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert s["tasks"] == 3 and s["correct"] == 2
+    assert abs(s["geomean_vs_best_baseline"] - (2.0 * 0.8) ** (1 / 3)) < 1e-9
+    assert s["improved_over_best"] == 1 and s["below_best"] == 1
+
+    rerun = _bench_out(tmp_path / "b", [{"task": "2_Kept", "status": "correct", "speedup": 1.5,
+                                         "timing": {"ci95": [1.4, 1.6]}, "optimize": won}],
+                       [{"task": "2_Kept", "baseline": "inductor", "status": "correct", "speedup": 1.25}])
+    s = json.loads(_script(tmp_path, "bench_table.py", str(first), str(rerun), "--json").stdout.splitlines()[-1])
+    assert s["tasks"] == 3 and s["improved_over_best"] == 2 and s["below_best"] == 0
+
+    bad = _script(tmp_path, "bench_table.py", str(tmp_path / "missing"))
+    assert bad.returncode == 2 and "no such bench out directory" in bad.stderr

@@ -1,0 +1,115 @@
+"""Per-task table and geomeans of `kernelcraft bench` runs with `--policy recipes` and baselines, for BENCHMARKS.md.
+
+Usage: python3 benchmarks/bench_table.py SOURCE [SOURCE ...] [--markdown] [--json]
+
+SOURCE: a bench out directory (`verdicts.jsonl`, `baselines.jsonl`) or a `.json.gz` export of one
+({"baselines": {task: {name: {status, speedup}}}, "tasks": [{task, status, speedup, ci95, fallback, optimize}]}).
+A task in a later SOURCE replaces the same task in an earlier one (a re-run). Speedups are the judge's, against
+the eager reference. Columns: inductor and CUDA graph (their baselines; "—" when not correct), the recipes
+verdict with its 95% interval, what won, and the verdict over each of two references:
+- `vs best baseline`: the best of eager (1.0), inductor and CUDA graph, what a user could have had without us;
+- `vs inductor`: `kernelcraft bench`'s `speedup_vs_compile` (the best correct torch.compile baseline, eager when
+  none is correct), which counts a win over a slower-than-eager inductor in full.
+Geomeans count a task with no correct verdict as 1.0x against eager, as the bench does.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+from pathlib import Path
+
+KEPT = "reference kept (nothing verified faster)"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def load(source: Path) -> dict[str, dict]:
+    """{task: {speedup, ci95, won, inductor, cudagraph}} from one SOURCE."""
+    if source.is_dir():
+        base: dict[str, dict] = {}
+        for b in _jsonl(source / "baselines.jsonl"):
+            base.setdefault(b["task"], {})[b["baseline"]] = b
+        tasks = [{**r, "ci95": (r.get("timing") or {}).get("ci95")} for r in _jsonl(source / "verdicts.jsonl")]
+    else:
+        data = json.load(gzip.open(source) if source.suffix == ".gz" else source.open())
+        base, tasks = data["baselines"], data["tasks"]
+    out = {}
+    for r in tasks:
+        correct = r.get("status") == "correct" and r.get("speedup")
+        fb = r.get("fallback") or {}
+        won = (KEPT if fb.get("kind") == "reference" else f"fallback: {fb.get('kind')}" if fb
+               else ", ".join((r.get("optimize") or {}).get("best_techniques") or []) or "—")
+        bl = {n: (v.get("speedup") if v.get("status") == "correct" else None)
+              for n, v in base.get(r["task"], {}).items()}
+        out[r["task"]] = {"speedup": r["speedup"] if correct else None, "status": r.get("status"),
+                          "ci95": r.get("ci95") if correct and not fb else None, "won": won if correct else
+                          r.get("status"), "inductor": bl.get("inductor"), "cudagraph": bl.get("cudagraph")}
+    return out
+
+
+def with_ratios(rows: dict[str, dict]) -> dict[str, dict]:
+    for r in rows.values():
+        s = r["speedup"] or 1.0
+        r["vs_best"] = s / max([1.0] + [v for v in (r["inductor"], r["cudagraph"]) if v])
+        r["vs_inductor"] = s / (r["inductor"] or 1.0)
+    return rows
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def summary(rows: dict[str, dict]) -> dict:
+    rs = list(rows.values())
+    return {"tasks": len(rs), "correct": sum(r["speedup"] is not None for r in rs),
+            "geomean_vs_eager": geomean(r["speedup"] or 1.0 for r in rs),
+            "geomean_vs_best_baseline": geomean(r["vs_best"] for r in rs),
+            "geomean_vs_inductor": geomean(r["vs_inductor"] for r in rs),
+            "inductor_vs_eager": geomean(r["inductor"] for r in rs if r["inductor"]),
+            "improved_over_best": sum(r["vs_best"] > 1.05 for r in rs),
+            "below_best": sum(r["vs_best"] < 0.95 for r in rs)}
+
+
+def markdown(rows: dict[str, dict]) -> str:
+    f = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
+    lines = ["| task | inductor | CUDA graph | recipes | recipes 95% | what won | vs best baseline | vs inductor |",
+             "|---|--:|--:|--:|---|---|--:|--:|"]
+    for name in sorted(rows, key=lambda n: (int(n.split("_")[0]) if n.split("_")[0].isdigit() else 0, n)):
+        r = rows[name]
+        ci = f"[{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}]" if r["ci95"] else ""
+        lines.append(f"| {name} | {f(r['inductor'])} | {f(r['cudagraph'])} | {f(r['speedup'])} | {ci} | {r['won']} "
+                     f"| {r['vs_best']:.2f} | {r['vs_inductor']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sources", nargs="+", type=Path)
+    ap.add_argument("--markdown", action="store_true", help="print the per-task table")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = ap.parse_args(argv)
+    rows: dict[str, dict] = {}
+    for src in args.sources:
+        if not src.exists():
+            ap.error(f"{src}: no such bench out directory or export")
+        rows.update(load(src))
+    if not rows:
+        ap.error("no verdicts in " + ", ".join(map(str, args.sources)))
+    with_ratios(rows)
+    if args.markdown:
+        print(markdown(rows) + "\n")
+    s = summary(rows)
+    print(json.dumps(s) if args.json else
+          f"{s['tasks']} tasks, {s['correct']} correct: geomean {s['geomean_vs_eager']:.2f} vs eager, "
+          f"{s['geomean_vs_best_baseline']:.2f} vs the best baseline, {s['geomean_vs_inductor']:.2f} vs inductor "
+          f"(inductor {s['inductor_vs_eager']:.2f} vs eager); above the best baseline by 5%+ on "
+          f"{s['improved_over_best']}, below by 5%+ on {s['below_best']}")
+
+
+if __name__ == "__main__":
+    main()
