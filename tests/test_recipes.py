@@ -350,6 +350,21 @@ def test_cudnn_benchmark_leads_on_3d_convolutions_only(analyses):
     assert all("channels_last" not in r for r in first_round(a))  # 0.38x alone on fp32 2-D convolutions
 
 
+def test_triton_ranks_as_a_template_only_where_it_replaces_the_main_work():
+    """A pooling, a reduction or a depthwise convolution lowered to a generated kernel is a template in place of a
+    library call (`TRITON_TEMPLATE_PRIOR`); the same pooling after a cuDNN convolution is a tail that inductor fuses
+    as well, so it keeps the elementwise prior."""
+    from kernelcraft.search.recipes.policy import PRIORS, TRITON_TEMPLATE_PRIOR
+
+    def triton_prior(name):
+        return RecipesPolicy().prior("triton", _ctx(load_task(name), GPU, []))
+
+    for alone in ("gpu/level1/maxpool2d", "gpu/level1/sum_reduction", "gpu/level1/depthwise_conv2d"):
+        assert triton_prior(alone) == TRITON_TEMPLATE_PRIOR, alone
+    for chain in ("gpu/level2/conv2d_scale_maxpool", "gpu/level2/conv2d_min_tanh"):
+        assert triton_prior(chain) == PRIORS["cuda"]["triton"], chain
+
+
 def test_channels_last_only_for_4d_convolutions(analyses):
     """`module.to(channels_last)` raises on a Conv3d's 5-D weight: the token is not offered there."""
     task, a = analyses["conv"]

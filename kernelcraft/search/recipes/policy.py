@@ -47,6 +47,9 @@ PRIORS = {
 # reduction epilogue) rather than only fuse elementwise ops: a template kernel in place of a library call, ranked as
 # `tuned` is (eager's poolings ran at 6-24% of an H200's memory bandwidth; docs/design/recipes.md#policy)
 TRITON_TEMPLATE_PRIOR = 0.65
+# ...but not beside a convolution or a matrix product left to cuDNN or cuBLAS: there the template is a tail that
+# inductor fuses as well or better (level 2 on an H200: 0.97-1.11 against compile's 0.95-1.94 on 4 of 4 chains)
+GEMM_OPS = {"Linear", "Bilinear", "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum"}
 # `cudnn_benchmark` on a net with a 3-D (transposed) convolution: cuDNN's default algorithm there was 1.9x slower
 # (geomean, 9 fp32 tasks on an H200) than the one its benchmark picks; on 1-D and 2-D ones 1.02x
 # (`PRIORS["cuda"]`, 18 tasks), and `channels_last` alone 0.38x on fp32 2-D ones (docs/design/recipes.md#policy)
@@ -314,11 +317,15 @@ class RecipesPolicy:
 
     def prior(self, token: str, ctx: Context) -> float:
         """The guessed ln(speedup) of `token` alone on this task: `PRIORS`, but `triton` as a template
-        (`TRITON_TEMPLATE_PRIOR`) when a rendered variant's kernels replace a reduction or a pooling."""
-        if token == "triton" and ctx.device.kind == "cuda" and any(
-                region.get("reduce") for v in self.analysis(ctx).variants.values() if v.get("triton")
-                for region in v["triton"].get("regions") or []):
-            return TRITON_TEMPLATE_PRIOR
+        (`TRITON_TEMPLATE_PRIOR`) when a rendered variant's kernels replace a reduction, a pooling or a depthwise
+        convolution, and no convolution or matrix product is left to a library call beside them."""
+        if token == "triton" and ctx.device.kind == "cuda":
+            a = self.analysis(ctx)
+            reduces = [region["reduce"] for v in a.variants.values() if v.get("triton")
+                       for region in v["triton"].get("regions") or [] if region.get("reduce")]
+            library = {op for op in a.features.get("ops") or [] if "conv" in op.lower() or op in GEMM_OPS}
+            if reduces and library <= {r.split()[-1] for r in reduces if r.startswith("depthwise")}:
+                return TRITON_TEMPLATE_PRIOR
         if token == "cudnn_benchmark" and self.analysis(ctx).features.get("conv3d"):
             return CUDNN_BENCHMARK_3D_PRIOR
         return PRIORS[ctx.device.kind][token]
