@@ -283,8 +283,8 @@ def test_pool_linear_pipeline_renders_correct_source():
     from test_recipes import BASELINES_MEASURED, GPU, _ctx
     first = [tuple(p.meta["recipe"]) for p in
              RecipesPolicy(analysis=a).propose(_ctx(task, GPU, BASELINES_MEASURED, k=2))]
-    assert first == [("compile:default", "cudagraph", "rewrite:pool_linear", "rewrite:sink_pointwise"),
-                     ("rewrite:pool_linear",)]  # after the baselines, budget 4: the composite, then the rule alone
+    # after the baselines (CUDA graphs at 0.9x alone, so not in the composite), budget 4: the composite, the rule alone
+    assert first == [("compile:default", "rewrite:pool_linear", "rewrite:sink_pointwise"), ("rewrite:pool_linear",)]
     _every_variant_is_the_reference(task, a)
 
 
