@@ -72,7 +72,8 @@ MODULES_SEEN = '''import os
 import sys
 
 with open(os.environ["KC_TEST_MODULES"], "a") as f:  # what the zygote had imported when this process was forked
-    f.write(("dynamo" if "torch._dynamo" in sys.modules else "none") + "\\n")
+    f.write(("dynamo" if "torch._dynamo" in sys.modules else "none")
+            + ("+inductor" if "torch._inductor.compile_fx" in sys.modules else "") + "\\n")
 
 ''' + (FIXTURES / "legit" / "torch_elementwise.py").read_text()
 
@@ -167,7 +168,8 @@ def test_a_dead_zygote_is_replaced_and_loses_nothing(cache_dir, tmp_path, monkey
 
 def test_builds_do_not_wait_for_dynamo_and_evaluations_always_have_it(cache_dir, tmp_path, monkeypatch):
     """The zygote is ready with torch and the harness; a build-only job (a pool's first builds) is forked before
-    its Triton and dynamo imports are done, and an evaluation's worker never is: it is held until they are."""
+    its Triton, dynamo and inductor imports are done, and an evaluation's worker never is: it is held until they
+    are."""
     from kernelcraft.evaluate import prebuild
 
     (tmp_path / "seen.py").write_text(MODULES_SEEN)
@@ -180,7 +182,7 @@ def test_builds_do_not_wait_for_dynamo_and_evaluations_always_have_it(cache_dir,
     v = evaluate(TASK, tmp_path / "seen.py", cache_dir=cache_dir, **FAST)
     assert v.status == "correct" and v.env.worker_start == "fork", v.message
     got = seen.read_text().split()
-    assert got and set(got) == {"dynamo"}, got
+    assert got and set(got) == {"dynamo+inductor"}, got  # inductor's compiler: fork-safe here, so imported
 
 
 def test_workers_die_with_their_caller(tmp_path):

@@ -10,6 +10,7 @@ Rationale: docs/design/judge-caller.md#zygote
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -35,6 +36,9 @@ READY_TIMEOUT_S = 180.0
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"  # set in the zygote for good: a child gets the caller's environment
 EXTRAS_GRACE_S = 0.2  # after ready, early requests get this long (from the last) before the extras are imported
 EXTRAS_BROKE_FORK = 75  # the zygote's exit code when those imports initialised CUDA
+# imported among the extras where a forked child shows it safe: inductor's compiler, which every `torch.compile`
+# candidate and baseline imports in its prepare phase (median 2.4 s of it on an H200 host judging level 2)
+FORK_SAFE_EXTRAS = ("torch._inductor.compile_fx",)
 MAX_MSG = 1 << 20
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
@@ -124,7 +128,30 @@ def _import_extras(torch) -> str | None:
         import torch._dynamo  # noqa: F401  (~1.4 s per fresh reference otherwise; torch.compile candidates too)
     except Exception:  # noqa: BLE001
         pass
+    for name in FORK_SAFE_EXTRAS:
+        _import_if_fork_safe(name, torch)
     return _fork_unusable(torch)
+
+
+def _import_if_fork_safe(name: str, torch) -> bool:
+    """Import `name` here only if a forked child that imports it first can still use CUDA after a fork: an import
+    that initialised CUDA would end this zygote's forks (`EXTRAS_BROKE_FORK`) for every evaluation after it. Without
+    a visible GPU (NVML's count: no CUDA initialised to ask) there is nothing to break, and no child is forked."""
+    if torch.cuda.is_available():
+        pid = _fork()
+        if pid == 0:
+            try:
+                importlib.import_module(name)
+                os._exit(0 if _fork_unusable(torch) is None else 1)
+            except BaseException:  # noqa: BLE001 - any failure: not imported here
+                os._exit(1)
+        if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
+            return False
+    try:
+        importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - the candidate's own import will say so
+        return False
+    return True
 
 
 def _fork_unusable(torch) -> str | None:
