@@ -1,6 +1,6 @@
 """Per-task table and geomeans of `kernelcraft bench` runs with `--policy recipes` and baselines, for BENCHMARKS.md.
 
-Usage: python3 benchmarks/bench_table.py SOURCE [SOURCE ...] [--markdown] [--json]
+Usage: PYTHONPATH=$PWD python3 benchmarks/bench_table.py SOURCE [SOURCE ...] [--markdown] [--json]
 
 SOURCE: a bench out directory (`verdicts.jsonl`, `baselines.jsonl`) or a `.json.gz` export of one
 ({"baselines": {task: {name: {status, speedup}}}, "tasks": [{task, status, speedup, ci95, fallback, optimize}]}).
@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 from pathlib import Path
+
+from kernelcraft.bench.metrics import geomean
 
 KEPT = "reference kept (nothing verified faster)"
 
@@ -57,11 +58,6 @@ def with_ratios(rows: dict[str, dict]) -> dict[str, dict]:
         r["vs_best"] = s / max([1.0] + [v for v in (r["inductor"], r["cudagraph"]) if v])
         r["vs_inductor"] = s / (r["inductor"] or 1.0)
     return rows
-
-
-def geomean(values) -> float:
-    values = [v for v in values if v]
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
 def summary(rows: dict[str, dict]) -> dict:
@@ -104,10 +100,11 @@ def main(argv=None) -> None:
     if args.markdown:
         print(markdown(rows) + "\n")
     s = summary(rows)
+    g = {k: "—" if v is None else f"{v:.2f}" for k, v in s.items() if k.startswith(("geomean", "inductor"))}
     print(json.dumps(s) if args.json else
-          f"{s['tasks']} tasks, {s['correct']} correct: geomean {s['geomean_vs_eager']:.2f} vs eager, "
-          f"{s['geomean_vs_best_baseline']:.2f} vs the best baseline, {s['geomean_vs_inductor']:.2f} vs inductor "
-          f"(inductor {s['inductor_vs_eager']:.2f} vs eager); above the best baseline by 5%+ on "
+          f"{s['tasks']} tasks, {s['correct']} correct: geomean {g['geomean_vs_eager']} vs eager, "
+          f"{g['geomean_vs_best_baseline']} vs the best baseline, {g['geomean_vs_inductor']} vs inductor "
+          f"(inductor {g['inductor_vs_eager']} vs eager); above the best baseline by 5%+ on "
           f"{s['improved_over_best']}, below by 5%+ on {s['below_best']}")
 
 

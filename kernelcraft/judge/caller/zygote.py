@@ -133,7 +133,7 @@ def _import_extras(torch) -> str | None:
     return _fork_unusable(torch)
 
 
-def _import_if_fork_safe(name: str, torch) -> bool:
+def _import_if_fork_safe(name: str, torch) -> None:
     """Import `name` here only if a forked child that imports it first can still use CUDA after a fork: an import
     that initialised CUDA would end this zygote's forks (`EXTRAS_BROKE_FORK`) for every evaluation after it. Without
     a visible GPU (NVML's count: no CUDA initialised to ask) there is nothing to break, and no child is forked."""
@@ -146,12 +146,11 @@ def _import_if_fork_safe(name: str, torch) -> bool:
             except BaseException:  # noqa: BLE001 - any failure: not imported here
                 os._exit(1)
         if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
-            return False
+            return
     try:
         importlib.import_module(name)
     except Exception:  # noqa: BLE001 - the candidate's own import will say so
-        return False
-    return True
+        pass
 
 
 def _fork_unusable(torch) -> str | None:

@@ -161,9 +161,7 @@ class RecipesPolicy:
     def exhausted(self, ctx: Context) -> str:
         """Why `propose` returned nothing: which recipes apply here, and what would add more."""
         usable = self.tokens(ctx)
-        banned = sorted(frozenset(r.meta["recipe"]) for r in ctx.history if (r.meta or {}).get("recipe") is not None
-                        and len(r.meta["recipe"]) == 1 and r.state == "done" and not r.correct
-                        and not _unreproduced(r))
+        seen, effect, banned, measured = self._effects(ctx)
         tried = sum(1 for r in ctx.history if (r.meta or {}).get("recipe") is not None)
         more = []
         if ctx.device.kind != "cuda":
@@ -171,14 +169,13 @@ class RecipesPolicy:
         if not ctx.allow_precision_change:
             more.append("--allow-precision-change adds bf16")
         more.append("an LLM policy (--policy openai:MODEL) writes new code")
-        seen, effect, banned_tokens, measured = self._effects(ctx)
         losing = self._measured_loss(seen, effect, measured)
         left = [r for r in (frozenset(c) for n in range(1, len(measured) + 1) for c in
                             itertools.combinations(sorted(measured), n))
-                if r not in seen and not r & banned_tokens and self.valid(r, ctx) and losing(r)]
+                if r not in seen and not r & banned and self.valid(r, ctx) and losing(r)]
         return (f"the recipes policy tried every valid combination ({tried}) of the {len(usable)} recipe(s) that "
                 f"apply to this task on {ctx.device.kind}: {', '.join(usable) or 'none'}"
-                + (f" (failed alone, so left out: {', '.join(t for b in banned for t in b)})" if banned else "")
+                + (f" (failed alone, so left out: {', '.join(sorted(banned))})" if banned else "")
                 + (f", but for {len(left)} capturing CUDA graphs, which lost alone, whose tokens' measured speedups "
                    f"multiply to 10%+ below the best "
                    f"({', '.join('+'.join(sorted(r)) for r in left[:3])}{', ...' if len(left) > 3 else ''})"
