@@ -394,3 +394,21 @@ def test_triton_ranks_as_a_template_where_its_kernels_replace_a_reduction():
     assert loss == [("triton",)], loss
     ctx, add = first_round("gpu_add_relu.py")
     assert "triton" in pol.tokens(ctx) and ("triton",) not in add, add
+
+
+def test_max_autotune_is_left_out_where_it_would_autotune_many_problems():
+    """max-autotune benchmarks each distinct convolution and matrix-product problem in the first call: a stack of
+    five convolution shapes is past `MAX_AUTOTUNE_SHAPES`, a single convolution is not, and the
+    exhaustion message says so, on any device."""
+    from kernelcraft.search.recipes.policy import AUTOTUNE_MODES, MAX_AUTOTUNE_SHAPES
+
+    pol = RecipesPolicy()
+    stack, single = _ctx(load_task("gpu/level3/vgg_stack"), GPU, []), _ctx(load_task("gpu/level1/conv2d"), GPU, [])
+    assert pol.analysis(stack).features["autotune_shapes"] == 5 > MAX_AUTOTUNE_SHAPES
+    assert pol.analysis(single).features["autotune_shapes"] == 1
+    assert not AUTOTUNE_MODES & set(pol.tokens(stack)) and "compile:reduce-overhead" in pol.tokens(stack)
+    assert AUTOTUNE_MODES <= set(pol.tokens(single))
+    assert "max-autotune modes are left out: they would autotune 5 distinct" in pol.exhausted(stack)
+    assert "left out: they would autotune" not in pol.exhausted(single)
+    on_cpu = _ctx(load_task("gpu/level3/vgg_stack"), CPU, [])
+    assert "compile:default" in pol.tokens(on_cpu) and not AUTOTUNE_MODES & set(pol.tokens(on_cpu))

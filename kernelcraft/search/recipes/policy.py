@@ -65,6 +65,12 @@ LOSS_MARGIN = math.log(1.1)
 # the capture's copies into static buffers cost more than launches: 0.4-0.98x on level 1's tasks on an H200)
 GRAPH_MODES = {"compile:reduce-overhead": "compile:default", "compile:max-autotune": "compile:max-autotune-no-cudagraphs"}
 GRAPH_TOKENS = {"cudagraph", *GRAPH_MODES}
+# the max-autotune modes benchmark every distinct convolution and matrix-product problem of the model
+# (`autotune_shapes`) in their first call: 6-90 s for one on an H200 (median 12 s, 11 tasks of levels 1-2), 17-55 s
+# per GEMM on an H100; a network with more than this many spends the judge's 300 s first-call limit compiling
+# (docs/design/recipes.md#policy)
+MAX_AUTOTUNE_SHAPES = 4
+AUTOTUNE_MODES = {"compile:max-autotune", "compile:max-autotune-no-cudagraphs"}
 
 
 def _unreproduced(row) -> bool:
@@ -116,11 +122,17 @@ class RecipesPolicy:
                 continue  # 4-D only: `module.to(channels_last)` raises on a Conv3d's 5-D weight
             if t == "triton" and not any(v.get("triton") for v in a.variants.values()):
                 continue
+            if t in AUTOTUNE_MODES and self._autotune_shapes(a) > MAX_AUTOTUNE_SHAPES:
+                continue
             if any(t == s or t.startswith(s.rstrip(":") + ":") for s in self.skip):
                 continue
             if t in PRIORS[kind]:
                 out.append(t)
         return out
+
+    @staticmethod
+    def _autotune_shapes(a: rewrite.Analysis) -> int:
+        return int(a.features.get("autotune_shapes") or 0)
 
     def valid(self, recipe: frozenset, ctx: Context) -> bool:
         if not recipe:
@@ -166,6 +178,10 @@ class RecipesPolicy:
         more = []
         if ctx.device.kind != "cuda":
             more.append("CUDA graphs, Triton and the GPU compile modes need a GPU")
+        shapes = self._autotune_shapes(self.analysis(ctx))
+        if shapes > MAX_AUTOTUNE_SHAPES and not any(s in ("compile", *AUTOTUNE_MODES) for s in self.skip):
+            more.append(f"torch.compile's max-autotune modes are left out: they would autotune {shapes} distinct "
+                        f"convolution and matrix-product problems (more than {MAX_AUTOTUNE_SHAPES}) in the first call")
         if not ctx.allow_precision_change:
             more.append("--allow-precision-change adds bf16")
         more.append("an LLM policy (--policy openai:MODEL) writes new code")

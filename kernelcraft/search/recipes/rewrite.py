@@ -209,6 +209,7 @@ def _features(model, gm, inputs) -> dict:
         "input_ranks": [i.dim() if isinstance(i, torch.Tensor) else None for i in inputs] if inputs else None,
         "input_dtypes": [str(i.dtype) if isinstance(i, torch.Tensor) else None for i in inputs] if inputs else None,
     }
+    feats["autotune_shapes"] = _autotune_shapes(model, gm)
     if gm is not None:
         ops = [n for n in gm.graph.nodes if n.op.startswith("call")]
         feats["n_ops"] = len(ops)
@@ -220,6 +221,33 @@ def _features(model, gm, inputs) -> dict:
         feats["output_dtypes"] = [str(_dtype(r)) if hasattr(r, "op") and _dtype(r) is not None else None for r in res]
         feats["placeholders"] = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     return feats
+
+
+LIBRARY_FUNCTIONS = {"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "conv1d", "conv2d",
+                     "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
+
+
+def _autotune_shapes(model, gm) -> int:
+    """How many distinct convolution and matrix-product problems the model poses: what inductor's max-autotune
+    benchmarks one by one. Traced: per call (the op, its weight's and its tensor arguments' shapes); untraced:
+    per module (the op and its weight's shape, a lower bound)."""
+    torch = _torch()
+    library = (torch.nn.modules.conv._ConvNd, torch.nn.Linear, torch.nn.Bilinear)
+
+    def arg_shapes(node):
+        return tuple(tuple(a.meta["tensor_meta"].shape) for a in node.args
+                     if hasattr(a, "meta") and hasattr(a.meta.get("tensor_meta"), "shape"))
+
+    if gm is None:
+        return len({(type(m).__name__, tuple(m.weight.shape)) for m in model.modules() if isinstance(m, library)})
+    keys = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_module" and isinstance(gm.get_submodule(n.target), library):
+            m = gm.get_submodule(n.target)
+            keys.add((type(m).__name__, tuple(m.weight.shape), arg_shapes(n)))
+        elif n.op in ("call_function", "call_method") and getattr(n.target, "__name__", n.target) in LIBRARY_FUNCTIONS:
+            keys.add((getattr(n.target, "__name__", n.target), arg_shapes(n)))
+    return len(keys)
 
 
 def applicable_rules(model, inputs, base=None) -> list[str]:
