@@ -49,8 +49,9 @@ DAEMON = MIRROR.replace("        return torch.tanh", '''        import os, time
 
 
 @pytest.fixture(autouse=True)
-def _clean():
+def _clean(monkeypatch):
     warm.discard_all()
+    monkeypatch.setattr(warm, "_capacity", warm.MAX_IDLE)  # a pool made by an earlier test may have raised it
     yield
     warm.discard_all()
 
@@ -153,6 +154,21 @@ def test_idle_judges_are_bounded_and_expire(monkeypatch):
     time.sleep(0.01)
     assert warm.take("k2") is None
     assert warm.idle_count() == 0
+
+
+def test_a_pool_keeps_as_many_idle_judges_as_it_has_slots():
+    """A pool of 8 slots running 8 tasks at once: the judge a task's round leaves idle must outlive the other
+    tasks' rounds until its next one starts, so the bound rises to the slots (never below `MAX_IDLE`)."""
+    from kernelcraft.serve.pool import Pool
+
+    killed: list[int] = []
+    assert warm.hold_at_least(2) == warm.MAX_IDLE
+    with Pool(devices="cpu", per_device=warm.MAX_IDLE + 4):
+        pass
+    assert warm.capacity() == warm.MAX_IDLE + 4
+    for i in range(warm.MAX_IDLE + 6):
+        warm.put(f"k{i}", _fake(30_000 + i, killed))
+    assert warm.idle_count() == warm.MAX_IDLE + 4 and killed == [30_000, 30_001]
 
 
 def test_idle_judges_hold_at_most_a_share_of_their_gpu():

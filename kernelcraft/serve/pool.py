@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 from kernelcraft.candidate import Candidate, load_candidate, needs_build, structure_problem
 from kernelcraft.devices import arch_of, visible_devices
 from kernelcraft.evaluate import _env, check_lock_scope, evaluate, prebuild
-from kernelcraft.judge.caller import zygote
+from kernelcraft.judge.caller import warm, zygote
 from kernelcraft.judge.caller.runner import cache_root
 from kernelcraft.judge.caller.screen import screen
 from kernelcraft.protocol import Protocol
@@ -126,6 +126,8 @@ class Pool:
         check_lock_scope(lock_scope)
         self.defaults["lock_scope"] = lock_scope
         self.devices = [d for d in devices for _ in range(per_device)]
+        if isinstance(self.backend, LocalBackend):  # each slot's judge may wait idle for its task's next candidate
+            warm.hold_at_least(len(self.devices))
         self.build_workers = max(1, build_workers or os.cpu_count() or 2)
         self.root = Path(getattr(self.backend, "cache_dir", None) or cache_dir or cache_root())
         self.stall_s = stall_s

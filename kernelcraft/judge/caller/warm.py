@@ -3,7 +3,8 @@
 A judge whose job ended cleanly is kept idle under a key of everything that shapes its reference (task text,
 device, resolved protocol, cache root, environment); the next candidate of that key reuses it, with a fresh
 candidate side. Never kept after a timeout, a death, a forged channel or a `jobs.NOT_REUSABLE` reason. Bounded by
-`MAX_IDLE`, `MAX_IDLE_PER_KEY`, `IDLE_S` and `IDLE_MEMORY_SHARE` of a GPU. `KERNELCRAFT_WARM=0` turns reuse off.
+`MAX_IDLE` (raised to a pool's number of slots by `hold_at_least`), `MAX_IDLE_PER_KEY`, `IDLE_S` and
+`IDLE_MEMORY_SHARE` of a GPU. `KERNELCRAFT_WARM=0` turns reuse off.
 
 Rationale: docs/design/judge-caller.md#warm
 """
@@ -82,6 +83,20 @@ class WarmWorker:
 
 _IDLE: dict[str, list[WarmWorker]] = {}
 _LOCK = threading.Lock()
+_capacity = MAX_IDLE
+
+
+def hold_at_least(n: int) -> int:
+    """Keep up to `n` idle judges in all (never fewer than `MAX_IDLE`): a pool running n evaluations at once, so
+    that each task's judges outlive the other tasks' rounds until its next round starts. Returns the bound."""
+    global _capacity
+    with _LOCK:
+        _capacity = max(_capacity, int(n))
+        return _capacity
+
+
+def capacity() -> int:
+    return _capacity
 
 
 def take(k: str) -> WarmWorker | None:
@@ -116,7 +131,7 @@ def put(k: str, w: WarmWorker) -> None:
             doomed.append(x)
             _IDLE[next(kk for kk, v in _IDLE.items() if x in v)].remove(x)
 
-        for x in everyone[:max(0, len(everyone) - MAX_IDLE)]:
+        for x in everyone[:max(0, len(everyone) - max(MAX_IDLE, _capacity))]:
             drop(x)
         if w.device is not None and w.device_total > 0:  # newest first: whoever would exceed the share goes
             held = 0
