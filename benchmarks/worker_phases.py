@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 IMPORT_TORCH_S = time.perf_counter() - t0
 os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # as the zygote: nothing before the sides' fork may initialise CUDA
-try:  # what the zygote imports before it forks a worker (judge/caller/zygote.py): not a cost any evaluation pays
+try:  # what the zygote imports before it forks a worker (judge/caller/zygote_process.py): not a cost any evaluation pays
     import torch._dynamo  # noqa: E402, F401
     import triton  # noqa: E402, F401
 except ImportError:
