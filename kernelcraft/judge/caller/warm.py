@@ -131,7 +131,7 @@ def put(k: str, w: WarmWorker) -> None:
             doomed.append(x)
             _IDLE[next(kk for kk, v in _IDLE.items() if x in v)].remove(x)
 
-        for x in everyone[:max(0, len(everyone) - max(MAX_IDLE, _capacity))]:
+        for x in everyone[:max(0, len(everyone) - _capacity)]:
             drop(x)
         if w.device is not None and w.device_total > 0:  # newest first: whoever would exceed the share goes
             held = 0

@@ -49,7 +49,7 @@ PRIORS = {
 TRITON_TEMPLATE_PRIOR = 0.65
 # ...but not beside a convolution or a matrix product left to cuDNN or cuBLAS: there the template is a tail that
 # inductor fuses as well or better (level 2 on an H200: 0.97-1.11 against compile's 0.95-1.94 on 4 of 4 chains)
-GEMM_OPS = {"Linear", "Bilinear", "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum"}
+GEMM_OPS = {"Linear", "Bilinear", *rewrite.GEMM_FUNCTIONS}  # module type names and function names, as in `ops`
 # `cudnn_benchmark` on a net with a 3-D (transposed) convolution: cuDNN's default algorithm there was 1.9x slower
 # (geomean, 9 fp32 tasks on an H200) than the one its benchmark picks; on 1-D and 2-D ones 1.02x
 # (`PRIORS["cuda"]`, 18 tasks), and `channels_last` alone 0.38x on fp32 2-D ones (docs/design/recipes.md#policy)
@@ -124,11 +124,14 @@ class RecipesPolicy:
                 continue
             if t in AUTOTUNE_MODES and self._autotune_shapes(a) > MAX_AUTOTUNE_SHAPES:
                 continue
-            if any(t == s or t.startswith(s.rstrip(":") + ":") for s in self.skip):
+            if self._skipped(t):
                 continue
             if t in PRIORS[kind]:
                 out.append(t)
         return out
+
+    def _skipped(self, token: str) -> bool:
+        return any(token == s or token.startswith(s.rstrip(":") + ":") for s in self.skip)
 
     @staticmethod
     def _autotune_shapes(a: rewrite.Analysis) -> int:
@@ -179,7 +182,7 @@ class RecipesPolicy:
         if ctx.device.kind != "cuda":
             more.append("CUDA graphs, Triton and the GPU compile modes need a GPU")
         shapes = self._autotune_shapes(self.analysis(ctx))
-        if shapes > MAX_AUTOTUNE_SHAPES and not any(s in ("compile", *AUTOTUNE_MODES) for s in self.skip):
+        if shapes > MAX_AUTOTUNE_SHAPES and not all(self._skipped(t) for t in AUTOTUNE_MODES):
             more.append(f"torch.compile's max-autotune modes are left out: they would autotune {shapes} distinct "
                         f"convolution and matrix-product problems (more than {MAX_AUTOTUNE_SHAPES}) in the first call")
         if not ctx.allow_precision_change:

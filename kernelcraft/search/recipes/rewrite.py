@@ -223,8 +223,9 @@ def _features(model, gm, inputs) -> dict:
     return feats
 
 
-LIBRARY_FUNCTIONS = {"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "conv1d", "conv2d",
-                     "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
+GEMM_FUNCTIONS = {"linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum"}
+LIBRARY_FUNCTIONS = GEMM_FUNCTIONS | {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                                      "conv_transpose3d"}
 
 
 def _autotune_shapes(model, gm) -> int:
@@ -242,11 +243,14 @@ def _autotune_shapes(model, gm) -> int:
         return len({(type(m).__name__, tuple(m.weight.shape)) for m in model.modules() if isinstance(m, library)})
     keys = set()
     for n in gm.graph.nodes:
-        if n.op == "call_module" and isinstance(gm.get_submodule(n.target), library):
+        if n.op == "call_module":
             m = gm.get_submodule(n.target)
-            keys.add((type(m).__name__, tuple(m.weight.shape), arg_shapes(n)))
-        elif n.op in ("call_function", "call_method") and getattr(n.target, "__name__", n.target) in LIBRARY_FUNCTIONS:
-            keys.add((getattr(n.target, "__name__", n.target), arg_shapes(n)))
+            if isinstance(m, library):
+                keys.add((type(m).__name__, tuple(m.weight.shape), arg_shapes(n)))
+        elif n.op in ("call_function", "call_method"):
+            name = getattr(n.target, "__name__", n.target)
+            if name in LIBRARY_FUNCTIONS:
+                keys.add((name, arg_shapes(n)))
     return len(keys)
 
 
