@@ -62,6 +62,16 @@ def autotunes(source: str) -> bool:
                                              "cudnn.benchmark"))
 
 
+def first_call_hold(source: str) -> str | None:
+    """How a candidate that `autotunes` makes its first call: `tuning`, sharing the device until the trusted
+    libraries' first benchmark (inductor's, Triton's: hooked in its process, `judge/process/tuning.py`), then
+    alone to the end of the call; `call`, alone from its start, where cuDNN's benchmark mode may tune (inside
+    cuDNN, where no hook reaches); None where it may not autotune."""
+    if not autotunes(source):
+        return None
+    return "call" if "cudnn.benchmark" in source else "tuning"
+
+
 def structure_problem(source: str) -> tuple[str, str] | None:
     """(reason, message) if the source cannot be a candidate at all, else None."""
     try:

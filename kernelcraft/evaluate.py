@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kernelcraft import devices
 from kernelcraft.builder import pch
-from kernelcraft.candidate import Candidate, autotunes, load_candidate, needs_build, preloads, structure_problem
+from kernelcraft.candidate import Candidate, first_call_hold, load_candidate, needs_build, preloads, structure_problem
 from kernelcraft.judge.caller import runner, warm
 from kernelcraft.judge.caller.screen import screen as static_screen
 from kernelcraft.protocol import Protocol
@@ -182,7 +182,7 @@ def _evaluate_once(task, candidate, proto: Protocol, *, device: str, visible: st
         job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"),
                    device=device, protocol=proto.key(), cache_dir=str(root), kernel_names=scr.kernel_names,
                    lock_scope=lock_scope, needs_build=builds, preload=preloads(cand.source), remeasure=remeasure,
-                   first_call_alone=autotunes(cand.source), lock_path=_lock_path(root, visible))
+                   first_call_alone=first_call_hold(cand.source), lock_path=_lock_path(root, visible))
         # a judge kept from an earlier candidate of this task (same text, device, protocol) may take this one
         warm_key = warm.key(task.sha256, device, proto.key())
         # ... and on a GPU it waits until what this task's jobs took there fits beside the jobs running (`gpushare`)

@@ -186,8 +186,8 @@ class Env(BaseModel):
     prepare_s: dict[str, float] | None = None  # the candidate process's `prepare` phase by part (as that process saw it)
     isolation: dict | None = None  # how the candidate's process was fenced off (judge.process.isolation.describe)
     reference: str | None = None  # "fresh" (imported and constructed for this candidate) or "warm" (judge.caller.warm)
-    first_call: str | None = None  # "alone": the candidate's first call had the device to itself (it may autotune,
-    # or the whole job held the device alone)
+    first_call: str | None = None  # "alone": the candidate's first call had the device to itself (cuDNN's benchmark
+    # mode, or the whole job held the device alone); "tuning": from its first benchmark to its end (inductor, Triton)
 
 
 class Verdict(BaseModel):

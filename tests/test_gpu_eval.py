@@ -303,21 +303,55 @@ class ModelNew(nn.Module):
 '''
 
 
-def test_a_compiled_candidates_first_call_has_the_gpu_alone(tmp_path):
-    """A `torch.compile` candidate beside a busy neighbour (`judge/speed/gate.py`): its first call, where inductor
-    tunes, holds the GPU alone and the verdict says so; the neighbour's first call shares; both are correct. The
+AUTOTUNED_CAND = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 512}), triton.Config({"BLOCK": 1024})], key=["n"])
+@triton.jit
+def add_relu_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(a_ptr + offs, mask=mask)
+    b = tl.load(b_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, tl.maximum(a + b, 0.0), mask=mask)
+
+
+class ModelNew(nn.Module):
+    """add+relu with its block size picked by Triton's autotuner at the first call."""
+
+    def forward(self, a, b):
+        a, b = a.contiguous(), b.contiguous()
+        out = torch.empty_like(a)
+        n = a.numel()
+        add_relu_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](a, b, out, n)
+        return out
+'''
+
+
+def test_a_compiled_candidates_tuning_has_the_gpu_alone(tmp_path):
+    """Candidates that tune on their first call beside a busy neighbour (`judge/speed/gate.py`, `tuning.py`): a
+    Triton autotuner's first benchmark asks for the GPU alone and the verdict says `tuning`; a `torch.compile`
+    candidate compiles beside the neighbour and asks where inductor benchmarks (`tuning`; None where it compiled one
+    configuration only, never the whole call alone); the neighbour's first call shares; all are correct. The
     compile-worker pool it left is shut before timing: only its own process is in the CPU ledger."""
     from kernelcraft.serve.pool import Pool
 
-    busy, compiled = tmp_path / "busy.py", tmp_path / "compiled.py"
+    busy, compiled, autotuned = tmp_path / "busy.py", tmp_path / "compiled.py", tmp_path / "autotuned.py"
     busy.write_text(BUSY_CAND)
     compiled.write_text(COMPILED_CAND)
+    autotuned.write_text(AUTOTUNED_CAND)
+    cands = (busy, compiled, autotuned)
     opts = {k: v for k, v in OPTS.items() if k != "device"}
-    with Pool("cuda:0", per_device=2, build_workers=2, lock_scope="timing", **opts) as pool:
-        got = dict(pool.stream([(TASK, busy), (TASK, compiled)]))
-    for i, c in enumerate((busy, compiled)):
+    with Pool("cuda:0", per_device=3, build_workers=3, lock_scope="timing", **opts) as pool:
+        got = dict(pool.stream([(TASK, c) for c in cands]))
+    for i, c in enumerate(cands):
         assert got[i].status == "correct", f"{c.name}: {got[i].status}/{got[i].reasons}: {got[i].message[:3000]}"
-    assert got[0].env.first_call is None and got[1].env.first_call == "alone"
+    assert got[0].env.first_call is None and got[1].env.first_call in ("tuning", None), got[1].env
+    assert got[2].env.first_call == "tuning", got[2].env
     top = got[1].timing.untimed_cpu_top  # inductor's compile workers were shut after the first call: none billed
     assert top and all(name.endswith("(side)") for name in top), got[1].timing
 

@@ -201,17 +201,19 @@ def test_candidate_prepared_off_the_lock_then_imported_on_it(cache_dir):
 
 AUTOTUNED = '''
 import torch, torch.nn as nn
+torch.backends.cudnn.benchmark = True
 class ModelNew(nn.Module):
-    """Stands for a candidate whose kernels are tuned by triton.autotune on their first launch."""
+    """Stands for a candidate whose convolutions cuDNN's benchmark mode tunes on their first call."""
     def forward(self, x):
         return torch.relu(x)
 '''
 
 
 def test_an_autotuning_candidates_first_call_has_the_device_alone(cache_dir):
-    """A candidate that may autotune (Triton's autotuner, `torch.compile`) makes its first call with the device to
-    itself, so its picks are not made beside other evaluations' work: it waits for a sharer's checks to end (on no
-    clock), then shares again; the verdict says so. A plain candidate's first call shares (the test above)."""
+    """A candidate that may autotune out of the judge's sight (cuDNN's benchmark mode) makes its first call with the
+    device to itself, so its picks are not made beside other evaluations' work: it waits for a sharer's checks to
+    end (on no clock), then shares again; the verdict says so. A plain candidate's first call shares (the test
+    above). Inductor's and Triton's tuning asks for the device at its first benchmark (test_first_call_hold.py)."""
     lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
     held = threading.Event()
     t = threading.Thread(target=_hold_lock, args=(lock, 8.0, held, fcntl.LOCK_SH))
@@ -238,3 +240,13 @@ def test_which_candidates_may_autotune():
     assert autotunes("from torch import compile\nf = compile(g)\n")
     assert autotunes("import torch\ntorch.backends.cudnn.benchmark = True\n")
     assert not autotunes("import torch, re\npat = re.compile('x')\nclass ModelNew: pass\n")
+
+
+def test_how_a_tuning_candidates_first_call_holds_the_device():
+    from kernelcraft.candidate import first_call_hold
+
+    assert first_call_hold("import torch\nf = torch.compile(g)\n") == "tuning"  # inductor's benchmarkers: hooked
+    assert first_call_hold("import triton\n@triton.autotune(configs=[], key=['n'])\n@triton.jit\ndef k(): pass\n") \
+        == "tuning"
+    assert first_call_hold("import torch\ntorch.backends.cudnn.benchmark = True\nf = torch.compile(g)\n") == "call"
+    assert first_call_hold("import torch\nclass ModelNew: pass\n") is None

@@ -9,6 +9,7 @@ Rationale: docs/design/judge-process.md#side
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -21,7 +22,7 @@ import torch
 
 from kernelcraft.builder.cache import BuildCache
 from kernelcraft.devices import arch_for
-from kernelcraft.judge.process import arena, heap, isolation, modelstate
+from kernelcraft.judge.process import arena, heap, isolation, modelstate, tuning
 from kernelcraft.judge.tripwires import guards, calls as tripwires
 from kernelcraft.judge.correctness.compare import has_real_storage, is_plain_tensor
 from kernelcraft.judge.process.failures import classify
@@ -67,6 +68,7 @@ class Side:
         self.state = None
         self.path = ""
         self.peers: frozenset[int] = frozenset()  # the judge and the other side: not the candidate's processes
+        self.end: SideEnd | None = None  # the wire, for a first call's ask for the device alone (`_ask_alone`)
 
     # -- commands ---------------------------------------------------------------------------------------
     def cmd_prepare(self, msg: dict, fds) -> dict:
@@ -268,19 +270,30 @@ class Side:
         """One forward on the inputs in the arena, its outputs copied into the judge's arena, the device synced.
         The same request and the same path for every call the judge makes (trials, timed rounds, the weights
         trial): nothing in this process tells a checked call from a timed one. `keep_state` (a stateful task's
-        first call, never judged) puts the plain-attribute and RNG state back afterwards."""
+        first call, never judged) puts the plain-attribute and RNG state back afterwards. `tuning` (a first call that
+        may autotune, beside other evaluations): the trusted benchmarkers ask for the device alone (`tuning.py`)."""
         self.phase = "check"
-        if msg.get("keep_state"):
-            plain, rng = modelstate.plain_state(self.model), modelstate.rng_state(self.device)
-            out = self._forward()
-            modelstate.set_plain_state(self.model, plain)
-            modelstate.set_rng_state(rng)
-        else:
-            if self.large:  # a large output: never two at once (the judge's memory notes), both sides alike
-                self._last_out = None
-            out = self._forward()
+        hold = tuning.FirstCallHold(self._ask_alone) if msg.get("tuning") else contextlib.nullcontext()
+        with hold:
+            if msg.get("keep_state"):
+                plain, rng = modelstate.plain_state(self.model), modelstate.rng_state(self.device)
+                out = self._forward()
+                modelstate.set_plain_state(self.model, plain)
+                modelstate.set_rng_state(rng)
+            else:
+                if self.large:  # a large output: never two at once (the judge's memory notes), both sides alike
+                    self._last_out = None
+                out = self._forward()
         self._last_out = out
         return self._deliver(out)
+
+    def _ask_alone(self) -> None:
+        """Mid-call: ask the judge for the device alone and wait until it is granted (this process is frozen while
+        the judge waits for the device)."""
+        self.end.send({"type": tuning.ASK})
+        msg, _ = self.end.recv()
+        if msg != tuning.GRANTED:
+            raise RuntimeError(f"the judge answered a first call's ask with {msg!r}")
 
     def _deliver(self, out) -> dict:
         """Everything a call does after forward: the structure checks, the copy into the judge's arena, the
@@ -443,6 +456,7 @@ def serve(role: str, sock, protected: list[int], namespace: dict | None = None) 
     end = SideEnd(sock)
     side = Side(role)
     side.peers = frozenset(protected)
+    side.end = end
     send = end.send
     while True:
         try:

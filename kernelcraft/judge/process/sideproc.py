@@ -13,8 +13,9 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import Callable
 
-from kernelcraft.judge.process import freeze, side as side_mod
+from kernelcraft.judge.process import freeze, side as side_mod, tuning
 from kernelcraft.judge.speed import timing
 from kernelcraft.judge.reject import Reject
 from kernelcraft.judge.process.procs import children, descendants, describe_signal
@@ -90,19 +91,25 @@ class SideProc:
             freeze.thaw(self.pid)
             self.frozen = False
 
-    def request(self, msg: dict, fds=(), phase: str | None = None) -> dict:
+    def request(self, msg: dict, fds=(), phase: str | None = None, on_ask: Callable[[], None] | None = None) -> dict:
         """Thaw, send, wait for the reply, freeze. `preempt` (set by the evaluation while it shares the device) is
         asked before the side runs and every `PREEMPT_POLL_S` while it runs: it may freeze the side and give the
-        device to a timer for a while (`Evaluation.step_aside_if_wanted`)."""
+        device to a timer for a while (`Evaluation.step_aside_if_wanted`). `on_ask` (a first call's, `tuning.py`):
+        the side may ask once, mid-request, for the device alone; it is frozen while `on_ask` takes the device,
+        then thawed and told. An ask anywhere else is a violation (`check`)."""
         self.phase = phase or self.phase
         try:
             if self.preempt is not None:
                 self.preempt(None)
             self.thaw()
             self.end.send(msg, fds)
-            while self.preempt is not None and not self.end.wait(PREEMPT_POLL_S):
-                self.preempt(self)
-            reply = self.end.recv()
+            reply = self._await_reply()
+            if on_ask is not None and reply.get("type") == tuning.ASK:
+                self.freeze()
+                on_ask()
+                self.thaw()
+                self.end.send(tuning.GRANTED)
+                reply = self._await_reply()
             self.freeze()
         except (Closed, ValueError, freeze.SideGone) as e:
             raise self.death(e) from None
@@ -110,6 +117,11 @@ class SideProc:
             raise Reject("rejected", ["forbidden_construct"], f"the {self.role} process wrote to the judge's "
                          "wire outside a request (a reply sent ahead of time)")
         return self.check(reply)
+
+    def _await_reply(self) -> dict:
+        while self.preempt is not None and not self.end.wait(PREEMPT_POLL_S):
+            self.preempt(self)
+        return self.end.recv()
 
     def timed(self, msg: dict, clock: timing.RoundTripClock) -> tuple[float, float, dict]:
         """(ms from thaw until this side is frozen again and the device is idle, the device work it left
@@ -137,6 +149,9 @@ class SideProc:
     def check(self, reply: dict) -> dict:
         if isinstance(reply.get("build_s"), (int, float)):
             self.build_s = float(reply["build_s"])  # a failed build's time is still build time
+        if reply.get("type") == tuning.ASK:
+            raise Reject("rejected", ["forbidden_construct"], f"the {self.role} process asked for the device alone "
+                         "outside its first call's benchmarks (or twice)")
         if reply.get("type") != "reject":
             return reply
         message = str(reply.get("message", ""))[:4000]

@@ -257,20 +257,38 @@ class Evaluation:
         any other keeps what its first call left (a lazily built cache, a captured graph), as it would for a user.
         Outputs are poisoned before every judged call, and the call tells the candidate nothing: the trials draw
         fresh inputs. A candidate that may autotune there (`candidate.autotunes`) has the device to itself for the
-        call, as for timing: its kernels' picks are made on a quiet device. Then the side shuts the compile-worker
-        pools the call left (`Side.cmd_settle`). Returns the side's reply (its output is in the side's arena)."""
-        alone = bool(self.job.get("first_call_alone")) and self.gate.path is not None and self.gate.mode != EXCLUSIVE
-        if alone:
-            self.wait_for_device(self.gate.exclusive)
-        if self.gate.path is not None and self.gate.mode == EXCLUSIVE:  # taken here, or held for the whole job
-            self.result["env"]["first_call"] = "alone"
+        call, as for timing: its kernels' picks are made on a quiet device (`candidate.first_call_hold`): from the
+        start of the call (`call`: cuDNN's benchmark mode, which tunes out of sight), or from the first benchmark
+        the trusted libraries run (`tuning`: inductor, Triton; the compile before it shares the device). Then the
+        side shuts the compile-worker pools the call left (`Side.cmd_settle`). Returns the side's reply (its output
+        is in the side's arena)."""
+        hold = self.job.get("first_call_alone")  # None, "call" or "tuning"
+        shared = self.gate.path is not None and self.gate.mode != EXCLUSIVE
+        took: list[str] = []
+
+        def take(how: str) -> None:
+            if self.gate.path is not None and self.gate.mode != EXCLUSIVE:
+                self.wait_for_device(self.gate.exclusive)
+                took.append(how)
+
+        if hold and hold != "tuning" and shared:
+            take("alone")
+        env = self.result["env"]
+        if self.gate.path is not None and self.gate.mode == EXCLUSIVE and not took and not env.get("first_call"):
+            env["first_call"] = "alone"  # the whole job holds the device alone (a timing sibling's: the first call's)
+        msg = dict(RUN, keep_state=True) if self.stateful else dict(RUN)
+        ask = None
+        if hold == "tuning" and shared:
+            msg["tuning"] = True
+            ask = lambda: take("tuning")  # noqa: E731
         try:
-            reply = side.request(dict(RUN, keep_state=self.stateful) if self.stateful else RUN, phase=phase)
+            reply = side.request(msg, phase=phase, on_ask=ask)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
         finally:
-            if alone:
+            if took:
                 self.gate.share()  # a downgrade: back beside the other evaluations' checks
+                env["first_call"] = took[0]
         side.request({"cmd": "settle"}, phase=phase)  # idle compile workers gone before the first trial: CPU work only
         return reply
 
