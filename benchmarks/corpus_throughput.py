@@ -15,7 +15,8 @@ of each sampled task. The reference is the row's own ref_code. The pack (JSON li
 `run`, for each scope of `--scopes` and each phase of `--phases`, judges every pack item through one fresh
 `kernelcraft.serve.pool.Pool` (all submitted at once; wall clock from first submission to last verdict). `cold`
 uses a fresh cache directory, `warm` the same one again (builds and Inductor caches hot). Scope `timing`: the
-device lock covers timed rounds only; `device`: each evaluation holds the device from construction to the end of
+device lock covers timed rounds and a first call's tuning only; `first_call`: also an autotuning candidate's whole
+first call, its compile included; `device`: each evaluation holds the device from construction to the end of
 timing. A scope may name its slots per GPU (`--scopes device:4,timing:8`; else `--per-gpu`, else the pool's).
 Results go to `--out` after every block; a re-run with the same `--out` skips the blocks already there,
 and SIGINT keeps the finished ones. Per block: candidates per GPU-minute, device seconds per verdict (the phases

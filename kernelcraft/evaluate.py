@@ -35,13 +35,13 @@ from kernelcraft.version import __version__
 REMEASURE_TRIALS = 1  # correctness trials of a fresh-worker re-measure (`remeasure_protocol`)
 
 
-LOCK_SCOPES = ("timing", "device")  # what the device gate covers (`evaluate`'s `lock_scope`)
+LOCK_SCOPES = ("timing", "first_call", "device")  # what the device gate covers (`evaluate`'s `lock_scope`)
 
 
 def check_lock_scope(lock_scope: str) -> None:
     """ValueError unless `lock_scope` is one of `LOCK_SCOPES`."""
     if lock_scope not in LOCK_SCOPES:
-        raise ValueError(f"lock_scope must be 'timing' or 'device', not {lock_scope!r}")
+        raise ValueError(f"lock_scope must be one of {', '.join(map(repr, LOCK_SCOPES))}, not {lock_scope!r}")
 
 
 def _env(worker_env: dict | None, start: str | None = None) -> Env:
@@ -75,10 +75,11 @@ def evaluate(
     A speedup above `remeasure_above` (or above 2x `best_known_speedup`) is measured again in fresh
     workers with other seeds (see `_reconcile`): the lowest reproduced speedup is reported, and one that
     varies more than 2x between workers is `rejected` / `suspicious_speedup`.
-    `lock_scope`: "timing" (the default: timed rounds have the device alone, and construction, first calls and
-    checks share it with other evaluations', which step aside while one times) or "device" (one evaluation has
-    the device alone from construction to the end of the job). Both are safe beside other evaluations
-    (`judge/speed/gate.py`).
+    `lock_scope`: "timing" (the default: timed rounds and the tuning in a first call have the device alone, and
+    construction, compiles and checks share it with other evaluations', which step aside while one times),
+    "first_call" (as "timing", but a candidate that may autotune has its whole first call alone, compile
+    included) or "device" (one evaluation has the device alone from construction to the end of the job). All are
+    safe beside other evaluations (`judge/speed/gate.py`).
     """
     check_lock_scope(lock_scope)
     dev, visible = devices.resolve(device)
@@ -182,7 +183,7 @@ def _evaluate_once(task, candidate, proto: Protocol, *, device: str, visible: st
         job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"),
                    device=device, protocol=proto.key(), cache_dir=str(root), kernel_names=scr.kernel_names,
                    lock_scope=lock_scope, needs_build=builds, preload=preloads(cand.source), remeasure=remeasure,
-                   first_call_alone=first_call_hold(cand.source), lock_path=_lock_path(root, visible))
+                   first_call_alone=_first_call_hold(cand.source, lock_scope), lock_path=_lock_path(root, visible))
         # a judge kept from an earlier candidate of this task (same text, device, protocol) may take this one
         warm_key = warm.key(task.sha256, device, proto.key())
         # ... and on a GPU it waits until what this task's jobs took there fits beside the jobs running (`gpushare`)
@@ -200,6 +201,12 @@ def _evaluate_once(task, candidate, proto: Protocol, *, device: str, visible: st
 def memory_key(task_sha256: str, protocol: dict) -> str:
     """The key a task's device footprint is kept under (`gpushare.Footprints`): its text and the protocol."""
     return warm.key("device_footprint", task_sha256, protocol)
+
+
+def _first_call_hold(source: str, lock_scope: str) -> str | None:
+    """`candidate.first_call_hold`, but the whole call under `lock_scope="first_call"`."""
+    hold = first_call_hold(source)
+    return "call" if hold and lock_scope == "first_call" else hold
 
 
 def _lock_path(root: Path, visible: str | None) -> str:

@@ -8,6 +8,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from kernelcraft.evaluate import evaluate
 from kernelcraft.judge.caller.runner import cache_root
 from kernelcraft.judge.process import tuning
@@ -109,3 +111,51 @@ def test_a_hold_with_nothing_to_hook_asks_at_once(monkeypatch):
     with tuning.FirstCallHold(lambda: asks.append(1)):
         assert asks == [1]
     assert asks == [1]
+
+
+def test_a_real_triton_autotune_asks_before_it_benchmarks():
+    """A @triton.autotune kernel's first launch (Triton's CPU interpreter: the benchmark itself then fails for want
+    of a GPU driver, after the ask) asks once, through the hooks a first call puts in place."""
+    pytest.importorskip("triton")
+    import triton_interpreter
+
+    proc = triton_interpreter.run("""
+        import torch, triton, triton.language as tl
+        from kernelcraft.judge.process import tuning
+
+        @triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"])
+        @triton.jit
+        def twice(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            m = offs < n
+            tl.store(o_ptr + offs, tl.load(x_ptr + offs, mask=m) * 2, mask=m)
+
+        x = torch.randn(100)
+        o = torch.empty_like(x)
+        asks = []
+        with tuning.FirstCallHold(lambda: asks.append(1)):
+            print("BEFORE", len(asks))  # hooked, not asked yet
+            try:
+                twice[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, o, 100)
+            except Exception:
+                pass
+        print("ASKS", len(asks))
+    """, timeout=300)
+    assert "BEFORE 0" in proc.stdout and "ASKS 1" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_first_call_scope_holds_the_whole_first_call(cache_dir, tmp_path):
+    """`lock_scope="first_call"`: the same candidate's compile cannot start while a neighbour shares the device (the
+    mark appears only after the neighbour let go), and the verdict says `alone`."""
+    lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
+    mark = tmp_path / "compiling"
+    held, released = threading.Event(), []
+    t = threading.Thread(target=_share_until, args=(lock, mark, held, released, 0.0, 3.0))
+    t.start()
+    held.wait()
+    v = evaluate(TASK, TUNED.format(mark=str(mark)), device="cpu", trials=2, timing=False, timeout_s=30.0,
+                 lock_scope="first_call", cache_dir=cache_dir)
+    t.join()
+    assert v.status == "correct", v.message
+    assert released == [False] and mark.exists()
+    assert v.env.first_call == "alone", v.env
