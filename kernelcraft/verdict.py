@@ -146,6 +146,9 @@ class Timing(BaseModel):
     untimed_cpu_top: dict[str, float] | None = Field(None, description="the candidate's processes that used the most "
                                                      "untimed CPU time, by name (`comm`; its own process marked "
                                                      "'(side)'), in ms: what billed_ms was billed for")
+    host_busy_cores: float | None = Field(None, description="the host's busy CPU cores on average over the timed "
+                                          "rounds (/proc/stat: every process, the timed sides included): other work "
+                                          "on the host slows a side whose calls are launch-bound")
     note: str | None = Field(None, description="'host too noisy: ...' when the CI cannot resolve the speedup "
                              "(judge/speed/timing.py noise_note), or candidate processes that disagree; the CLI warns")
 

@@ -107,7 +107,8 @@ class ModelNew(nn.Module):
 
 def test_every_forward_is_asked_for_with_the_same_request(tmp_path):
     """From inside the candidate's process a checked call and a timed one are the same request (the first call,
-    never judged, also carries nothing else unless the task is stateful)."""
+    never judged, also carries nothing else unless the task is stateful or the candidate may autotune). The timing
+    record says how busy the host was meanwhile: at least the timed sides themselves."""
     log = tmp_path / "requests.jsonl"
     cand = tmp_path / "logging_candidate.py"
     cand.write_text(_LOGGING.format(log=str(log)))
@@ -118,6 +119,7 @@ def test_every_forward_is_asked_for_with_the_same_request(tmp_path):
     assert len({s["pid"] for s in seen}) >= 2  # both candidate processes were asked
     assert len(seen) > v.timing.samples  # trials, the weights trial and every timed round
     assert {json.dumps(s["msg"], sort_keys=True) for s in seen} == {json.dumps({"cmd": "run"})}
+    assert v.timing.host_busy_cores is not None and v.timing.host_busy_cores > 0, v.timing
 
 
 def test_tree_cpu_counts_threads_and_reaped_children():

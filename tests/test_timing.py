@@ -7,6 +7,7 @@ preemption of one call barely moves.
 from __future__ import annotations
 
 import math
+import os
 import random
 import statistics
 import time
@@ -488,3 +489,18 @@ def test_timing_stops_once_more_rounds_cannot_narrow_the_reported_interval():
     assert long_calls.converged and long_calls.samples > short.samples
     hw = max(long_calls.ci95[1] / long_calls.speedup - 1, 1 - long_calls.ci95[0] / long_calls.speedup)
     assert 0.001 < hw < 0.02  # stopped well before the +-0.1% target, at about half the between-run part
+
+
+def test_host_busy_cores_reads_the_hosts_cpu_ticks(tmp_path):
+    from kernelcraft.judge.speed import treecpu
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8\n")
+    before = treecpu.host_cpu_jiffies(str(stat))
+    assert before == (150, 1000)
+    stat.write_text("cpu  400 0 100 1000 100 0 0 0 0 0\n")
+    after = treecpu.host_cpu_jiffies(str(stat))
+    cpus = os.cpu_count() or 1
+    assert treecpu.host_busy_cores(before, after) == round(350 / 600 * cpus, 2)  # 350 of 600 ticks busy
+    assert treecpu.host_busy_cores(before, None) is None and treecpu.host_busy_cores(after, before) is None
+    assert treecpu.host_cpu_jiffies(str(tmp_path / "missing")) is None

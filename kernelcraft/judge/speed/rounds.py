@@ -121,11 +121,13 @@ def time_candidate(ev, accepted: Acceptance) -> None:
             siblings.check_stopped(procs)
         for side in [ev.ref, *procs]:  # one empty request each before the ledger opens: a process's first one
             side.request(NULL, phase="time")  # pays one-off costs (lazy CUDA state) that no later one does
+        host_before = treecpu.host_cpu_jiffies()  # what else the host ran meanwhile (`Timing.host_busy_cores`)
         run = timing.measure(
             time_ref, time_cand, time_null, next_round, check_round,
             cuda=ev.device.type == "cuda", budget_s=p.time_budget_s, target=p.target_ci,
             min_rounds=max(p.min_rounds, siblings.BLOCK * k if k > 1 else 1), warmup_rounds=3 * k,
             interval=interval, seed=ev.rng.randrange(1 << 30), billed=ledger.billed_ms)
+        host_busy = treecpu.host_busy_cores(host_before, treecpu.host_cpu_jiffies())
     finally:
         if held == SHARED:
             ev.gate.share()  # the weights trial after timing shares the device again
@@ -145,6 +147,7 @@ def time_candidate(ev, accepted: Acceptance) -> None:
     rec["busy_probes"] = clock.busy_probes
     rec["probe_idle_ms"] = clock.idle_ms
     rec["idle_wait_ms"] = round(clock.idle_wait_ms, 3)
+    rec["host_busy_cores"] = host_busy
     rec.update(ledger.record(run.samples))
     ev.result["timing"] = rec
     ev.result["guards"] += ["frozen_peer", "judge_clock", "output_at_close", "cpu_ledger"]

@@ -107,3 +107,26 @@ class Ledger:
         return {"untimed_cpu_ms": {k: round(v / 1e6, 3) for k, v in self.untimed_ns.items()},
                 "untimed_windows": dict(self.windows), "billed_ms": round(self.billed_ms(rounds), 6),
                 "untimed_cpu_top": self.top()}
+
+
+def host_cpu_jiffies(stat: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, total) clock ticks of every CPU of the host since boot (`/proc/stat`'s first line: idle and iowait
+    are not busy), or None where there is no such file."""
+    try:
+        with open(stat) as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 5:
+        return None
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest time is inside user)
+    return total - fields[3] - fields[4], total
+
+
+def host_busy_cores(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The host's busy cores on average between two `host_cpu_jiffies` readings (every process's work, the timed
+    sides' included), or None."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    cpus = os.cpu_count() or 1
+    return round((after[0] - before[0]) / (after[1] - before[1]) * cpus, 2)
