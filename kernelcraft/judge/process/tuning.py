@@ -35,7 +35,8 @@ def _subclasses(cls: type) -> list[type]:
 
 def targets() -> list[tuple[object, str]]:
     """(owner, attribute) of every benchmark entry point of the trusted libraries loaded in this process: each
-    GPU `benchmark*` method of inductor's benchmarkers (class-level, so every instance is covered), Triton's
+    `benchmark*` method of inductor's benchmarkers but the CPU ones (class-level, so every instance is covered; a
+    hook too many only starts the hold sooner, one too few tunes beside others), Triton's
     `Autotuner._bench`, and `triton.testing.do_bench` / `do_bench_cudagraph`."""
     out: list[tuple[object, str]] = []
     if "torch._inductor" in sys.modules:  # a compiled candidate: its benchmarkers, imported now if not yet
