@@ -55,19 +55,26 @@ def _share_until(path, mark, held, released, give_s=1.0, limit_s=60.0):
         fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _judge_beside_a_sharer(cache_dir, tmp_path, lock_scope, **share):
+    """The TUNED candidate judged on the CPU while a neighbour shares the device (`_share_until`): (verdict, whether
+    the neighbour saw the compile begin while it held the device, the mark)."""
+    lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
+    mark = tmp_path / "compiling"
+    held, released = threading.Event(), []
+    t = threading.Thread(target=_share_until, args=(lock, mark, held, released), kwargs=share)
+    t.start()
+    held.wait()
+    v = evaluate(TASK, TUNED.format(mark=str(mark)), device="cpu", trials=2, timing=False, timeout_s=30.0,
+                 lock_scope=lock_scope, cache_dir=cache_dir)
+    t.join()
+    return v, released, mark
+
+
 def test_a_compiling_first_call_shares_the_device_until_its_first_benchmark(cache_dir, tmp_path):
     """The candidate's compile runs while a neighbour still holds the device shared (were the whole call alone, it
     could not start until the neighbour gave up); its benchmark then waits for the device alone (on no clock), and
     the verdict says `tuning`."""
-    lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
-    mark = tmp_path / "compiling"
-    held, released = threading.Event(), []
-    t = threading.Thread(target=_share_until, args=(lock, mark, held, released))
-    t.start()
-    held.wait()
-    v = evaluate(TASK, TUNED.format(mark=str(mark)), device="cpu", trials=2, timing=False, timeout_s=30.0,
-                 lock_scope="timing", cache_dir=cache_dir)
-    t.join()
+    v, released, _ = _judge_beside_a_sharer(cache_dir, tmp_path, "timing")
     assert v.status == "correct", v.message
     assert released == [True], "the first call did not start while the neighbour shared the device"
     assert v.env.first_call == "tuning", v.env
@@ -147,15 +154,7 @@ def test_a_real_triton_autotune_asks_before_it_benchmarks():
 def test_the_first_call_scope_holds_the_whole_first_call(cache_dir, tmp_path):
     """`lock_scope="first_call"`: the same candidate's compile cannot start while a neighbour shares the device (the
     mark appears only after the neighbour let go), and the verdict says `alone`."""
-    lock = cache_root(cache_dir) / "locks" / f"cpu-{socket.gethostname()}.lock"
-    mark = tmp_path / "compiling"
-    held, released = threading.Event(), []
-    t = threading.Thread(target=_share_until, args=(lock, mark, held, released, 0.0, 3.0))
-    t.start()
-    held.wait()
-    v = evaluate(TASK, TUNED.format(mark=str(mark)), device="cpu", trials=2, timing=False, timeout_s=30.0,
-                 lock_scope="first_call", cache_dir=cache_dir)
-    t.join()
+    v, released, mark = _judge_beside_a_sharer(cache_dir, tmp_path, "first_call", give_s=0.0, limit_s=3.0)
     assert v.status == "correct", v.message
     assert released == [False] and mark.exists()
     assert v.env.first_call == "alone", v.env
