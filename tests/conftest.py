@@ -81,6 +81,8 @@ QUICK = {
     "test_fuse_reduce.py": ["test_region_and_full_reduction_become_one_kernel", "test_near_misses_keep_the_reduction"],
     "test_lock_scope.py": ["test_bad_lock_scope_is_a_usage_error", "test_which_candidates_may_autotune"],
     "test_gate.py": ["test_no_path_is_a_no_op", "test_idle_floor_is_the_lowest_exclusive_calibration"],
+    "test_first_call_hold.py": ["test_a_hold_asks_once_at_the_first_benchmark_and_leaves_no_hook",
+                                "test_a_hold_with_nothing_to_hook_asks_at_once"],
     "test_off_the_clock.py": ["test_the_ledger_bills_only_what_exceeds_the_references_windows",
                               "test_tree_cpu_counts_threads_and_reaped_children"],
     "test_optimize.py": ["test_run_dir_guards", "test_null_control_raises_the_bar_only_for_a_real_bias"],
