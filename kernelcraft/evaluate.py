@@ -183,7 +183,7 @@ def _evaluate_once(task, candidate, proto: Protocol, *, device: str, visible: st
         job = dict(task_path=str(work / "reference.py"), candidate_path=str(work / "candidate.py"),
                    device=device, protocol=proto.key(), cache_dir=str(root), kernel_names=scr.kernel_names,
                    lock_scope=lock_scope, needs_build=builds, preload=preloads(cand.source), remeasure=remeasure,
-                   first_call_alone=_first_call_hold(cand.source, lock_scope), lock_path=_lock_path(root, visible))
+                   first_call_hold=_first_call_hold(cand.source, lock_scope), lock_path=_lock_path(root, visible))
         # a judge kept from an earlier candidate of this task (same text, device, protocol) may take this one
         warm_key = warm.key(task.sha256, device, proto.key())
         # ... and on a GPU it waits until what this task's jobs took there fits beside the jobs running (`gpushare`)

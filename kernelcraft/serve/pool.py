@@ -101,7 +101,8 @@ class Pool:
     `devices`: "cpu", "cuda", a list like ["cuda:0", "cuda:1"], or None (all visible GPUs, else cpu).
     `per_device`: evaluations at once per device (default `gpu_slots` per GPU; on cpu, 2). `lock_scope`: "timing"
     (they share the device except while one times or tunes), "first_call" (an autotuning candidate's whole first
-    call alone too) or "device" (each has it alone from construction to the end of its job; `evaluate`). `build_workers`: build slots (default: os.cpu_count()).
+    call alone too) or "device" (each has it alone from construction to the end of its job; `evaluate`).
+    `build_workers`: build slots (default: os.cpu_count()).
     `protocol` and knob keywords (e.g. trials=3, timing=False) are the protocol of every submission unless it
     overrides them.
     """

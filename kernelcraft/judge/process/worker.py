@@ -262,16 +262,15 @@ class Evaluation:
         the trusted libraries run (`tuning`: inductor, Triton; the compile before it shares the device). Then the
         side shuts the compile-worker pools the call left (`Side.cmd_settle`). Returns the side's reply (its output
         is in the side's arena)."""
-        hold = self.job.get("first_call_alone")  # None, "call" or "tuning"
+        hold = self.job.get("first_call_hold")  # None, "call" or "tuning"
         shared = self.gate.path is not None and self.gate.mode != EXCLUSIVE
         took: list[str] = []
 
-        def take(how: str) -> None:
-            if self.gate.path is not None and self.gate.mode != EXCLUSIVE:
-                self.wait_for_device(self.gate.exclusive)
-                took.append(how)
+        def take(how: str) -> None:  # only while sharing: a step aside returns to sharing before it ends
+            self.wait_for_device(self.gate.exclusive)
+            took.append(how)
 
-        if hold and hold != "tuning" and shared:
+        if hold == "call" and shared:
             take("alone")
         env = self.result["env"]
         if self.gate.path is not None and self.gate.mode == EXCLUSIVE and not took and not env.get("first_call"):
