@@ -10,6 +10,11 @@ verdict with its 95% interval, what won, and the verdict over each of two refere
 - `vs best baseline`: the best of eager (1.0), inductor and CUDA graph, what a user could have had without us;
 - `vs inductor`: `kernelcraft bench`'s `speedup_vs_compile` (the best correct torch.compile baseline, eager when
   none is correct), which counts a win over a slower-than-eager inductor in full.
+Both are ratios of speedups from different evaluations, each against its own eager reference process. Where that
+reference's time moves between evaluations (launch-bound networks: `eager spread`, the largest over the smallest
+`ref_ms` among the task's verdicts), so do they. `vs best, by time` compares the programs' own times instead: the
+best baseline's `cand_ms` (eager: the median `ref_ms`) over the verdict's (bench out directories only); the
+summary gives inductor's the same way.
 Geomeans count a task with no correct verdict as 1.0x against eager, as the bench does.
 """
 from __future__ import annotations
@@ -34,7 +39,8 @@ def load(source: Path) -> dict[str, dict]:
         base: dict[str, dict] = {}
         for b in _jsonl(source / "baselines.jsonl"):
             base.setdefault(b["task"], {})[b["baseline"]] = b
-        tasks = [{**r, "ci95": (r.get("timing") or {}).get("ci95")} for r in _jsonl(source / "verdicts.jsonl")]
+        tasks = [{**r, "ci95": (r.get("timing") or {}).get("ci95"), "times": _times(r, base.get(r["task"], {}))}
+                 for r in _jsonl(source / "verdicts.jsonl")]
     else:
         data = json.load(gzip.open(source) if source.suffix == ".gz" else source.open())
         base, tasks = data["baselines"], data["tasks"]
@@ -48,8 +54,27 @@ def load(source: Path) -> dict[str, dict]:
               for n, v in base.get(r["task"], {}).items()}
         out[r["task"]] = {"speedup": r["speedup"] if correct else None, "status": r.get("status"),
                           "ci95": r.get("ci95") if correct and not fb else None, "won": won if correct else
-                          r.get("status"), "inductor": bl.get("inductor"), "cudagraph": bl.get("cudagraph")}
+                          r.get("status"), "inductor": bl.get("inductor"), "cudagraph": bl.get("cudagraph"),
+                          **(r.get("times") or {"vs_best_time": None, "vs_inductor_time": None, "eager_spread": None})}
     return out
+
+
+def _ms(v: dict, key: str) -> float | None:
+    return (v.get("timing") or {}).get(key) if v.get("status") == "correct" else None
+
+
+def _times(verdict: dict, baselines: dict[str, dict]) -> dict:
+    """The verdict against the best baseline by the programs' own times, and the eager reference's spread over
+    the task's verdicts (`ref_ms`, max over min). A kept reference is eager's time; no time, no ratio."""
+    refs = [ms for v in [verdict, *baselines.values()] if (ms := _ms(v, "ref_ms"))]
+    eager = sorted(refs)[len(refs) // 2] if refs else None
+    kept = (verdict.get("fallback") or {}).get("kind") == "reference"
+    ours = eager if kept else _ms(verdict, "cand_ms")
+    best = min([t for t in [eager, *(_ms(v, "cand_ms") for v in baselines.values())] if t], default=None)
+    inductor = _ms(baselines.get("inductor") or {}, "cand_ms") or eager
+    return {"vs_best_time": best / ours if best and ours else None,
+            "vs_inductor_time": inductor / ours if inductor and ours else None,
+            "eager_spread": max(refs) / min(refs) if len(refs) > 1 else None}
 
 
 def with_ratios(rows: dict[str, dict]) -> dict[str, dict]:
@@ -66,6 +91,9 @@ def summary(rows: dict[str, dict]) -> dict:
             "geomean_vs_eager": geomean(r["speedup"] or 1.0 for r in rs),
             "geomean_vs_best_baseline": geomean(r["vs_best"] for r in rs),
             "geomean_vs_inductor": geomean(r["vs_inductor"] for r in rs),
+            "geomean_vs_best_by_time": geomean(r["vs_best_time"] for r in rs if r.get("vs_best_time")),
+            "geomean_vs_inductor_by_time": geomean(r["vs_inductor_time"] for r in rs if r.get("vs_inductor_time")),
+            "by_time_tasks": sum(bool(r.get("vs_best_time")) for r in rs),
             "inductor_vs_eager": geomean(r["inductor"] for r in rs if r["inductor"]),
             "improved_over_best": sum(r["vs_best"] > 1.05 for r in rs),
             "below_best": sum(r["vs_best"] < 0.95 for r in rs)}
@@ -73,13 +101,14 @@ def summary(rows: dict[str, dict]) -> dict:
 
 def markdown(rows: dict[str, dict]) -> str:
     f = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
-    lines = ["| task | inductor | CUDA graph | recipes | recipes 95% | what won | vs best baseline | vs inductor |",
-             "|---|--:|--:|--:|---|---|--:|--:|"]
+    lines = ["| task | inductor | CUDA graph | recipes | recipes 95% | what won | vs best baseline | vs inductor "
+             "| vs best, by time | eager spread |", "|---|--:|--:|--:|---|---|--:|--:|--:|--:|"]
     for name in sorted(rows, key=lambda n: (int(n.split("_")[0]) if n.split("_")[0].isdigit() else 0, n)):
         r = rows[name]
         ci = f"[{r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}]" if r["ci95"] else ""
         lines.append(f"| {name} | {f(r['inductor'])} | {f(r['cudagraph'])} | {f(r['speedup'])} | {ci} | {r['won']} "
-                     f"| {r['vs_best']:.2f} | {r['vs_inductor']:.2f} |")
+                     f"| {r['vs_best']:.2f} | {r['vs_inductor']:.2f} | {f(r.get('vs_best_time'))} "
+                     f"| {f(r.get('eager_spread'))} |")
     return "\n".join(lines)
 
 
@@ -105,7 +134,9 @@ def main(argv=None) -> None:
           f"{s['tasks']} tasks, {s['correct']} correct: geomean {g['geomean_vs_eager']} vs eager, "
           f"{g['geomean_vs_best_baseline']} vs the best baseline, {g['geomean_vs_inductor']} vs inductor "
           f"(inductor {g['inductor_vs_eager']} vs eager); above the best baseline by 5%+ on "
-          f"{s['improved_over_best']}, below by 5%+ on {s['below_best']}")
+          f"{s['improved_over_best']}, below by 5%+ on {s['below_best']}; by the programs' own times "
+          f"{g['geomean_vs_best_by_time']} vs the best baseline, {g['geomean_vs_inductor_by_time']} vs inductor "
+          f"({s['by_time_tasks']} tasks)")
 
 
 if __name__ == "__main__":

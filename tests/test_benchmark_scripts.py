@@ -169,8 +169,8 @@ def test_bench_table_scores_each_task_against_its_best_baseline_and_a_rerun_repl
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {line.split(" | ")[0].strip("| "): line for line in r.stdout.splitlines() if line.startswith("| ")}
     assert "| 2.00 | [1.80-2.20] | cudnn benchmark | 2.00 | 4.00 |" in rows["1_Fast"]  # over max(eager, 0.8)
-    assert "reference kept" in rows["2_Kept"] and rows["2_Kept"].endswith("| 0.80 | 0.80 |")
-    assert rows["3_Wrong"].endswith("| incorrect | 1.00 | 1.00 |")  # an incorrect inductor is no baseline
+    assert "reference kept" in rows["2_Kept"] and rows["2_Kept"].endswith("| 0.80 | 0.80 | — | — |")
+    assert rows["3_Wrong"].endswith("| incorrect | 1.00 | 1.00 | — | — |")  # an incorrect inductor is no baseline
     s = json.loads(r.stdout.strip().splitlines()[-1])
     assert s["tasks"] == 3 and s["correct"] == 2
     assert abs(s["geomean_vs_best_baseline"] - (2.0 * 0.8) ** (1 / 3)) < 1e-9
@@ -184,3 +184,27 @@ def test_bench_table_scores_each_task_against_its_best_baseline_and_a_rerun_repl
 
     bad = _script(tmp_path, "bench_table.py", str(tmp_path / "missing"))
     assert bad.returncode == 2 and "no such bench out directory" in bad.stderr
+
+
+def test_bench_table_compares_programs_by_their_own_times_where_the_eager_reference_moved(tmp_path):
+    """A launch-bound reference read 10 ms beside the CUDA-graph baseline and 20 ms beside the verdict: the two
+    programs take 4 ms each, so the paired speedups say 2x over the best baseline and the times say 1x."""
+    import json
+
+    t = lambda ref, cand: {"ref_ms": ref, "cand_ms": cand}  # noqa: E731
+    out = _bench_out(tmp_path / "a", [
+        {"task": "1_Net", "status": "correct", "speedup": 5.0, "timing": {**t(20.0, 4.0), "ci95": [4.8, 5.2]}},
+        {"task": "2_Kept", "status": "correct", "speedup": 1.0, "fallback": {"kind": "reference"},
+         "timing": t(3.0, 3.0)},
+    ], [{"task": "1_Net", "baseline": "cudagraph", "status": "correct", "speedup": 2.5, "timing": t(10.0, 4.0)},
+        {"task": "1_Net", "baseline": "inductor", "status": "correct", "speedup": 1.25, "timing": t(12.0, 8.0)},
+        {"task": "2_Kept", "baseline": "inductor", "status": "correct", "speedup": 1.5, "timing": t(3.0, 2.0)}])
+    r = _script(tmp_path, "bench_table.py", str(out), "--markdown", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {line.split(" | ")[0].strip("| "): line for line in r.stdout.splitlines() if line.startswith("| ")}
+    assert rows["1_Net"].endswith("| 2.00 | 4.00 | 1.00 | 2.00 |")  # paired 5/2.5; by time 4/4; eager 10-20 ms
+    assert rows["2_Kept"].endswith("| 0.67 | 0.67 | 0.67 | 1.00 |")  # the kept reference is eager's 3 ms
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert abs(s["geomean_vs_best_by_time"] - (1.0 * 2 / 3) ** 0.5) < 1e-9
+    assert abs(s["geomean_vs_inductor_by_time"] - (8 / 4 * 2 / 3) ** 0.5) < 1e-9  # inductor's own 8 ms, 2 ms
+    assert s["by_time_tasks"] == 2
