@@ -131,7 +131,8 @@ class Timing(BaseModel):
                                                     "the between-run deviation (ci95 is where a re-run's estimate "
                                                     "falls 95% of the time)")
     between_run_sd: float | None = Field(None, description="the calibrated between-run standard deviation of the "
-                                         "log speedup at these times (judge/speed/reproduce.py BETWEEN_RUN)")
+                                         "log speedup at these times and the sides' spreads over their rounds "
+                                         "(judge/speed/reproduce.py BETWEEN_RUN)")
     cand_overhead_ms: float | None = Field(None, description="median round trip of an empty request answered by "
                                            "the candidate's process: subtracted from its samples where smaller "
                                            "than overhead_ms (never where larger: a candidate cannot inflate it), "

@@ -208,3 +208,40 @@ def test_bench_table_compares_programs_by_their_own_times_where_the_eager_refere
     assert abs(s["geomean_vs_best_by_time"] - (1.0 * 2 / 3) ** 0.5) < 1e-9
     assert abs(s["geomean_vs_inductor_by_time"] - (8 / 4 * 2 / 3) ** 0.5) < 1e-9  # inductor's own 8 ms, 2 ms
     assert s["by_time_tasks"] == 2
+
+
+def test_between_run_pairs_extracts_programs_measured_twice_and_checks_their_intervals(tmp_path):
+    """A program measured by its search and its confirmation: its records come out of the run database, and the
+    check recomputes each record's interval and counts the other record's estimate inside it."""
+    import gzip
+    import json
+    import sqlite3
+
+    def verdict(speedup, ref_q, within):
+        return json.dumps({"status": "correct", "device": "cuda:0 NVIDIA H200", "timing": {
+            "ref_ms": 10.0, "cand_ms": 10.0 / speedup, "speedup": speedup, "within_ci95": within, "overhead_ms": 0.5,
+            "cand_overhead_ms": None, "ref_spread_ms": ref_q, "cand_spread_ms": [3.95 / speedup * 2.5,
+                                                                                 4.05 / speedup * 2.5]}})
+    run = tmp_path / "out" / "runs" / "1_Net"
+    run.mkdir(parents=True)
+    con = sqlite3.connect(run / "run.db")
+    con.execute("CREATE TABLE candidates (id INTEGER PRIMARY KEY, verdict TEXT)")
+    con.execute("CREATE TABLE confirmations (id INTEGER PRIMARY KEY, candidate_id INTEGER, verdict TEXT)")
+    con.execute("INSERT INTO candidates VALUES (1, ?), (2, ?)", (verdict(2.5, [9.0, 11.0], [2.45, 2.55]),
+                                                                 verdict(1.2, [9.9, 10.1], [1.18, 1.22])))
+    con.execute("INSERT INTO confirmations VALUES (1, 1, ?)", (verdict(3.0, [9.0, 11.0], [2.94, 3.06]),))
+    con.commit()
+    con.close()
+    r = _script(tmp_path, "between_run_pairs.py", "extract", str(tmp_path / "out"), "--out", str(tmp_path / "p.json.gz"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    programs = json.load(gzip.open(tmp_path / "p.json.gz"))
+    assert [(p["task"], p["candidate"], len(p["records"])) for p in programs] == [("1_Net", 1, 2)]  # 2: measured once
+    r = _script(tmp_path, "between_run_pairs.py", "check", str(tmp_path / "p.json.gz"), "--beta", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[2].startswith("no calibration")  # one task: no even/odd split
+    assert "of 2 pairs inside" in lines[0]  # 2.5 vs 3.0: a 20% move against a wide reference
+    assert lines[1].startswith("beta 0 ") and "0.0% of 2 pairs" in lines[1]  # without the term neither holds
+    assert "100.0% of 2 pairs" in lines[0]  # with the calibrated term both do
+    bad = _script(tmp_path, "between_run_pairs.py", "check", str(tmp_path / "missing.json"))
+    assert bad.returncode == 2 and "no such file" in bad.stderr

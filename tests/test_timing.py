@@ -274,6 +274,29 @@ def test_reproducible_interval_widens_by_the_between_run_deviation():
     assert "re-run" in out.method and out.speedup == 2.0
 
 
+def test_a_host_bound_side_widens_the_interval_by_its_own_spread_on_a_gpu():
+    """A launch-bound eager network's time moves with the process it got (1.3-1.9x between evaluations on two
+    H200s) and its rounds spread wide within a run; a GPU-bound side's rounds do not. On a GPU the between-run part
+    grows by `beta` x each side's interquartile range over its median; the CPU's calibration has no such term."""
+    from kernelcraft.judge.speed.reproduce import BETWEEN_RUN, between_run_sd, relative_spread, reproducible
+    assert relative_spread((9.0, 11.0), 10.0) == pytest.approx(0.2)
+    assert relative_spread(None, 10.0) == 0.0 and relative_spread((1.0, 2.0), 0.0) == 0.0
+    narrow = between_run_sd(10.0, 4.0, 0.5, "cuda", 0.01, 0.01)
+    wide = between_run_sd(10.0, 4.0, 0.5, "cuda", 0.2, 0.01)
+    beta = BETWEEN_RUN["cuda"].beta
+    assert beta > 0 and wide == pytest.approx(math.sqrt(narrow ** 2 + (beta * 0.2) ** 2 - (beta * 0.01) ** 2))
+    assert between_run_sd(10.0, 4.0, 0.5, "cpu", 0.2, 0.01) == between_run_sd(10.0, 4.0, 0.5, "cpu")
+
+    def run(ref_quartiles):
+        b = _block([2.5] * 9, 2.45, 2.55)
+        b.ref_ms, b.cand_ms, b.ref_spread_ms, b.cand_spread_ms = 10.0, 4.0, ref_quartiles, (3.98, 4.02)
+        return b
+    gpu_bound, host_bound = reproducible(run((9.95, 10.05)), "cuda"), reproducible(run((9.0, 11.0)), "cuda")
+    assert host_bound.ci95[0] < gpu_bound.ci95[0] < 2.45 and host_bound.ci95[1] > gpu_bound.ci95[1] > 2.55
+    assert host_bound.between_run_sd > 3 * gpu_bound.between_run_sd
+    assert reproducible(run((9.0, 11.0)), "cpu").ci95 == reproducible(run((9.95, 10.05)), "cpu").ci95
+
+
 def test_a_candidate_far_below_the_round_trip_is_still_faster_at_the_lower_end():
     """30x with the candidate's time at a tenth of the round trip: another run may read far more (the upper end is
     wide), but not less than a clear gain — the error is on the times, not on their ratio."""

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from kernelcraft.judge.speed.reproduce import RESOLUTION_FLOOR, Z95 as _Z, between_run_sd
+from kernelcraft.judge.speed.reproduce import RESOLUTION_FLOOR, Z95 as _Z, between_run_sd, relative_spread
 
 _perf_ns = time.perf_counter_ns
 _cuda_sync = torch.cuda.synchronize
@@ -243,9 +243,11 @@ def measure(
             rounds += 1
         refs, cands, ratios, o = ratios_now()
         med, lo, hi = (interval or balanced_ci)(ratios, firsts)
+        r_med, c_med = statistics.median(refs), statistics.median(cands)
         enough = target if target <= 0 else max(  # a target of 0 asks for the whole budget
-            target, STOP_SHARE * _Z * between_run_sd(statistics.median(refs), statistics.median(cands), o,
-                                                     "cuda" if cuda else "cpu"))
+            target, STOP_SHARE * _Z * between_run_sd(r_med, c_med, o, "cuda" if cuda else "cpu",
+                                                     relative_spread(_quartiles(refs), r_med),
+                                                     relative_spread(_quartiles(cands), c_med)))
         if rounds >= min_rounds and hi / med - 1 <= enough and 1 - lo / med <= enough:
             converged = True
             break
