@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import random
 import threading
 import time
@@ -149,6 +150,13 @@ def optimize(task: "str | Path | Task", out: "str | Path", options: Options | No
         db.close()
         lock.release()
 
+
+
+def _pooled(search: float, confirmed: float) -> float:
+    """A leader's speedup over its two measurements (geometric mean): what picks the best among confirmed leaders.
+    Picking by the confirmations alone would re-select on noise (the larger of two re-measurements of equal
+    programs reads high); the number reported is still the confirmation's."""
+    return math.sqrt(search * confirmed)
 
 class _Run:
     def __init__(self, task: Task, out: Path, db: RunDB, opts: Options, device: str, policy, emit,
@@ -368,9 +376,9 @@ class _Run:
             confs = self.db.confirmations()  # every leader whose confirmation holds, earlier invocations' too
             held = [(r, confs[r.id]) for r in leaders if r.id in confs and confs[r.id]["status"] == "correct"
                     and self._faster(confs[r.id]["ci_low"])]
-            for r, c in held:  # the best confirmed number: what the report ranks first and plots
-                if best_sp is None or c["speedup"] > best_sp:
-                    best, best_sp, best_ci, is_conf = r, c["speedup"], [c["ci_low"], c["ci_high"]], True
+            if held:  # decided by every measurement of each, reported at its confirmation (docs/search.md)
+                best, c = max(held, key=lambda rc: (_pooled(rc[0].speedup, rc[1]["speedup"]), -rc[0].id))
+                best_sp, best_ci, is_conf = c["speedup"], [c["ci_low"], c["ci_high"]], True
         elif leaders:
             best, best_sp, best_ci = leaders[0], leaders[0].speedup, [leaders[0].ci_low, leaders[0].ci_high]
         best_path, fb = self.out / "best.py", None
