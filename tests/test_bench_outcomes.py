@@ -159,3 +159,40 @@ def test_the_bench_page_names_outcomes_and_explains_fast_p():
     assert re.search(r"<th class='num' title='correct with a speedup above 1x[^']*'>fast<sub>1</sub>", html)
     tasks = html[html.index("<table id='items'>"):]
     assert "· correct, not faster" in tasks and "· fallback: reference" in tasks
+
+
+def test_against_compile_by_the_programs_own_times(monkeypatch):
+    """A launch-bound reference read 20 ms beside the candidate and 10 ms beside inductor's baseline, both programs
+    4 ms: the paired speedups say 2x over compile, the programs' own times 1x. A kept reference is eager's time
+    (the median of the task's reference readings); a failure counts 1.0 as in every geomean."""
+    from kernelcraft.bench.metrics import vs_compile_by_time
+
+    t = lambda ref, cand: {"ref_ms": ref, "cand_ms": cand}  # noqa: E731
+    net = {"status": "correct", "speedup": 5.0, "reasons": [], "timing": {**t(20.0, 4.0), "ci95": [4.5, 5.5]}}
+    inductor = {"status": "correct", "speedup": 2.5, "timing": t(10.0, 4.0)}
+    assert vs_compile_by_time(net, {"inductor": inductor}, "inductor") == 1.0
+    assert vs_compile_by_time(net, {}, "eager") == 5.0  # no compile baseline correct: eager's own 20 ms
+    kept = {**_fell(), "timing": t(3.0, 3.0)}
+    fast = {"status": "correct", "speedup": 1.5, "timing": t(3.2, 2.0)}
+    assert vs_compile_by_time(kept, {"inductor": fast}, "inductor") == 2.0 / 3.2  # eager: the median of 3.0, 3.2
+    assert vs_compile_by_time({**net, "timing": {}}, {"inductor": inductor}, "inductor") is None
+
+    items = []
+    for i, name in enumerate(["tiny/level1/relu", "tiny/level1/gelu"]):
+        it = Item(name=name, task=load_task(name), level=1, task_id=i + 1)
+        it.key = f"k{i}"
+        items.append(it)
+    recs = {"k0": net, "k1": {"status": "incorrect", "reasons": [], "speedup": None, "message": ""}}
+    base = {(items[0].task.sha256, "inductor"): inductor}
+    s = summarise(Source(spec="tiny", name="tiny", kind="builtin", items=items), items, recs, base,
+                  ["eager", "inductor"], {}, {"from_run": 0, "cache_hits": 0, "measured_now": 0},
+                  Path("/nonexistent-bench"), "cpu", BenchOptions(device="cpu", baselines="eager,inductor"), {}, 0,
+                  2, 1.0)
+    rows = {r["item"]: r for r in s["items"]}
+    assert rows["tiny/level1/relu"]["speedup_vs_compile"] == 2.0
+    assert rows["tiny/level1/relu"]["speedup_vs_compile_by_time"] == 1.0
+    assert rows["tiny/level1/gelu"]["speedup_vs_compile_by_time"] is None
+    assert s["geomean_speedup_vs_compile_by_time"] == s["by_level"]["1"]["geomean_speedup_vs_compile_by_time"] == 1.0
+    assert abs(s["geomean_speedup_vs_compile"] - 2.0 ** 0.5) < 1e-12  # the paired ratio, the failure at 1.0
+    text = _printed(s, monkeypatch)
+    assert "against compile by the programs' own times" in text and "all 1.00x · L1 1.00x" in text

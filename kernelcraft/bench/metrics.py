@@ -147,7 +147,23 @@ def metrics(rows: list[dict], *, vs_compile: bool = False) -> dict:
         m["outcomes"] = {k: sum(r.get("outcome") == k for r in rows) for k in OUTCOMES}
     if vs_compile:
         m.update(block("speedup_vs_compile", "_vs_compile"))
+        timed = [r for r in ok if r.get("speedup_vs_compile_by_time")]
+        m["geomean_speedup_vs_compile_by_time"] = geomean(
+            [r["speedup_vs_compile_by_time"] if r in timed else 1.0 for r in rows if r in timed or r not in ok])
     return m
+
+
+def vs_compile_by_time(rec: dict, baselines: dict[str, dict], best: str) -> float | None:
+    """The verdict against the best compile baseline by the two programs' own times: the baseline's `cand_ms`
+    (eager's: the median `ref_ms` over the task's verdicts) over the verdict's (a kept reference's: eager's). Each
+    paired speedup is against its own eager reference process, and a launch-bound reference's time moves between
+    processes (docs/design/bench.md#metrics); the programs' own times do not move with it."""
+    ms = lambda v, k: (v.get("timing") or {}).get(k) if v.get("status") == "correct" else None  # noqa: E731
+    refs = sorted(t for v in [rec, *baselines.values()] if (t := ms(v, "ref_ms")))
+    eager = refs[len(refs) // 2] if refs else None
+    ours = eager if (rec.get("fallback") or {}).get("kind") == "reference" else ms(rec, "cand_ms")
+    theirs = ms(baselines[best], "cand_ms") if best in baselines else eager
+    return theirs / ours if theirs and ours else None
 
 
 def _by_level(rows: list[dict], vs_compile: bool) -> dict:
@@ -162,7 +178,8 @@ SPEEDUP_DEFINITION = ("speedup = eager reference time / candidate time (paired, 
                       "and median_speedup are over all scored tasks with every failure counted as 1.0; *_correct "
                       "variants are over correct tasks only. fast_p = fraction of all scored tasks that are correct "
                       "with speedup > p. speedup_vs_compile = speedup / (best correct torch.compile baseline's speedup "
-                      "vs eager; 1.0 when none is correct): a ratio of two paired measurements.")
+                      "vs eager; 1.0 when none is correct): a ratio of two paired measurements. "
+                      "speedup_vs_compile_by_time = that baseline's own time / the candidate's own time.")
 
 
 def first_line(msg: str | None, limit: int = 200) -> str:
@@ -202,10 +219,12 @@ def summarise(source: Source, items: list[Item], records: dict, base: dict, want
         comp = {b: bs[b]["speedup"] for b in compile_names if bs[b].get("status") == "correct" and bs[b].get("speedup")}
         best_c = max(comp.items(), key=lambda kv: kv[1]) if comp else ("eager", 1.0)
         correct = rec["status"] == "correct" and rec.get("speedup") is not None
+        by_time = vs_compile_by_time(rec, bs, best_c[0]) if correct and compile_names else None
         rows.append({"item": it.name, "level": it.level, "task_id": it.task_id, "status": rec["status"],
                      "reasons": rec.get("reasons") or [], "correct": correct,
                      "speedup": rec["speedup"] if correct else None,
                      "speedup_vs_compile": rec["speedup"] / best_c[1] if correct and compile_names else None,
+                     "speedup_vs_compile_by_time": by_time,
                      "ci95": (rec.get("timing") or {}).get("ci95") if correct else None,
                      "ref_ms": (rec.get("timing") or {}).get("ref_ms"),
                      "cand_ms": (rec.get("timing") or {}).get("cand_ms"),

@@ -173,6 +173,12 @@ def _bench_table(s: dict) -> None:
     if out.is_terminal and not fits(t):
         t = _scores_table(s, "\n")  # a narrow terminal: each geomean's interval on a line of its own
     print_table(t, out)
+    by_time = [(lv, m.get("geomean_speedup_vs_compile_by_time")) for lv, m in [("all", s), *s["by_level"].items()]]
+    if by_time[0][1]:
+        out.print("against compile by the programs' own times (not through each one's eager reference, which moves "
+                  "between processes on launch-bound tasks): geomean " + " · ".join(
+                      f"{'L' + str(lv) if str(lv).isdigit() else lv} {_fx(g)}" for lv, g in by_time if g),
+                  highlight=False)
     out.print("[dim]faster: correct with the speedup's 95% CI above 1x · failed: build error, runtime error or "
               "timeout · correct: the judged candidate (given, or optimize's best.py) is correct; a search that found "
               "none faster is scored at its fallback, as correct and not faster: the reference itself (1.0x), or a "
