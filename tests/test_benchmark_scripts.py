@@ -245,3 +245,21 @@ def test_between_run_pairs_extracts_programs_measured_twice_and_checks_their_int
     assert "100.0% of 2 pairs" in lines[0]  # with the calibrated term both do
     bad = _script(tmp_path, "between_run_pairs.py", "check", str(tmp_path / "missing.json"))
     assert bad.returncode == 2 and "no such file" in bad.stderr
+
+
+def test_launch_by_cpu_times_a_pinned_process_per_cpu_on_the_cpu_path(tmp_path):
+    """Each (CPU, process) pinned and timed: the rows say where each ran, the spread is over CPUs and within one
+    CPU's processes; a CPU outside this process's set is refused."""
+    import json
+    import os
+
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    out = tmp_path / "l.json"
+    r = _script(tmp_path, "launch_by_cpu.py", "--device", "cpu", "--cpus", str(cpu), "--reps", "3", "--depth", "2",
+                "--width", "4", "--repeat", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert [(x["cpu"], x["ran_on"]) for x in data["rows"]] == [(cpu, cpu), (cpu, cpu)]
+    assert all(x["median_ms"] > 0 for x in data["rows"]) and data["spread"]["cpu"]["within_cpu"] >= 1.0
+    bad = _script(tmp_path, "launch_by_cpu.py", "--device", "cpu", "--cpus", "100000")
+    assert bad.returncode == 2 and "not among" in bad.stderr
