@@ -3,11 +3,12 @@ evaluations (a search's verdict and its confirmations in fresh workers), and the
 model's per-side term from them.
 
 Usage:
-    python benchmarks/between_run_pairs.py extract BENCH_OUT [BENCH_OUT ...] --out pairs.json.gz
+    python benchmarks/between_run_pairs.py extract BENCH_OUT|CORPUS_JSON [...] --out pairs.json.gz
     python benchmarks/between_run_pairs.py check pairs.json.gz [--beta B] [--target 0.9]
 
 `extract` reads every `runs/*/run.db` of the bench out directories: each correct candidate measured more than once
 (its search verdict and each confirmation) gives its timing records (the fields the interval is computed from).
+A `corpus_throughput.py run` result gives each pack item's records over its blocks (scopes and phases).
 `check` recomputes each record's reproducibility interval (`reproduce.reproducible` from its within-run interval,
 medians, overhead and quartiles) and reports, over every ordered pair of one program's records, the share of the
 second's speedup inside the first's interval: under the model as it stands, with `--beta` if given, and the
@@ -32,20 +33,39 @@ FIELDS = ("ref_ms", "cand_ms", "speedup", "within_ci95", "overhead_ms", "cand_ov
 GRID = [round(0.05 * i, 2) for i in range(0, 41)]  # beta from 0 to 2
 
 
+def _usable(v: dict) -> dict | None:
+    t = v.get("timing") or {}
+    if v.get("status") == "correct" and t.get("within_ci95") and t.get("ref_ms") and t.get("cand_ms"):
+        return {k: t.get(k) for k in FIELDS} | {"device": v.get("device")}
+    return None
+
+
+def from_corpus(path: Path) -> list[dict]:
+    """A corpus result's programs: each item's usable records over the blocks."""
+    measured: dict[str, list[dict]] = {}
+    for block in json.loads(path.read_text()).get("blocks", []):
+        for v in block.get("verdicts", []):
+            if (rec := _usable(v)) is not None:
+                measured.setdefault(v["item"], []).append(rec)
+    return [{"source": path.name, "task": item, "candidate": None, "records": recs}
+            for item, recs in measured.items() if len(recs) > 1]
+
+
 def extract(outs: list[Path]) -> list[dict]:
-    """[{source, task, candidate, device, records: [timing fields...]}] for programs measured twice or more."""
+    """[{source, task, candidate, records: [timing fields + device]}] for programs measured twice or more."""
     programs = []
     for out in outs:
+        if out.is_file():
+            programs += from_corpus(out)
+            continue
         for db in sorted(out.glob("runs/*/run.db")):
             con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
             measured: dict[int, list[dict]] = {}
             rows = con.execute("SELECT id, verdict FROM candidates WHERE verdict IS NOT NULL UNION ALL "
                                "SELECT candidate_id, verdict FROM confirmations")
             for cid, text in rows:
-                v = json.loads(text)
-                t = v.get("timing") or {}
-                if v.get("status") == "correct" and t.get("within_ci95") and t.get("ref_ms") and t.get("cand_ms"):
-                    measured.setdefault(cid, []).append({k: t.get(k) for k in FIELDS} | {"device": v.get("device")})
+                if (rec := _usable(json.loads(text))) is not None:
+                    measured.setdefault(cid, []).append(rec)
             con.close()
             programs += [{"source": out.name, "task": db.parent.name, "candidate": cid, "records": recs}
                          for cid, recs in measured.items() if len(recs) > 1]
@@ -121,9 +141,9 @@ def main(argv=None) -> int:
     c.add_argument("--target", type=float, default=0.9)
     args = ap.parse_args(argv)
     if args.cmd == "extract":
-        missing = [str(o) for o in args.outs if not o.is_dir()]
+        missing = [str(o) for o in args.outs if not o.exists()]
         if missing:
-            ap.error("not a bench out directory: " + ", ".join(missing))
+            ap.error("no such bench out directory or corpus result: " + ", ".join(missing))
         programs = extract(args.outs)
         with (gzip.open(args.out, "wt") if args.out.suffix == ".gz" else args.out.open("w")) as f:
             json.dump(programs, f)

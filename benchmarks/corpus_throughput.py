@@ -189,9 +189,15 @@ def baseline_timeout(kind: str, pool: Pool) -> dict:
     return {"timeout_s": max(default, bl.MIN_TIMEOUT_S[kind])}
 
 
+TIMING_FIELDS = ("ref_ms", "cand_ms", "speedup", "within_ci95", "overhead_ms", "cand_overhead_ms", "ref_spread_ms",
+                 "cand_spread_ms", "host_busy_cores")  # what `between_run_pairs.py` recomputes an interval from
+
+
 def verdict_record(item: str, v) -> dict:
+    t = v.timing.model_dump() if v.timing else None
     return {"item": item, "status": v.status, "reasons": list(v.reasons), "speedup": v.speedup,
-            "ci95": list(v.timing.ci95) if v.timing else None, "phases_s": dict(v.phases_s), "wall_s": v.wall_s}
+            "ci95": list(v.timing.ci95) if v.timing else None, "phases_s": dict(v.phases_s), "wall_s": v.wall_s,
+            "device": v.device, "timing": {k: t.get(k) for k in TIMING_FIELDS} if t else None}
 
 
 def pct(values: list[float], q: int) -> float | None:

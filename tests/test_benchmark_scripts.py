@@ -246,6 +246,15 @@ def test_between_run_pairs_extracts_programs_measured_twice_and_checks_their_int
     bad = _script(tmp_path, "between_run_pairs.py", "check", str(tmp_path / "missing.json"))
     assert bad.returncode == 2 and "no such file" in bad.stderr
 
+    corpus = tmp_path / "corpus.json"  # a corpus result: one item over two blocks, another correct once
+    one = lambda sp, item: {"item": item, **json.loads(verdict(sp, [9.0, 11.0], [sp - 0.05, sp + 0.05]))}  # noqa: E731
+    corpus.write_text(json.dumps({"blocks": [{"verdicts": [one(2.5, "1_17_custom"), one(1.1, "2_9_inductor")]},
+                                             {"verdicts": [one(3.0, "1_17_custom")]}]}))
+    r = _script(tmp_path, "between_run_pairs.py", "extract", str(corpus), "--out", str(tmp_path / "c.json"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [(p["task"], len(p["records"])) for p in json.loads((tmp_path / "c.json").read_text())] == [
+        ("1_17_custom", 2)]
+
 
 def test_launch_by_cpu_times_a_pinned_process_per_cpu_on_the_cpu_path(tmp_path):
     """Each (CPU, process) pinned and timed: the rows say where each ran, the spread is over CPUs and within one

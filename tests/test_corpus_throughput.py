@@ -122,8 +122,9 @@ def test_run_on_cpu_writes_a_block_per_scope_and_a_rerun_skips_them(datasets, tm
         assert block["alone_s"]["median"] <= block["alone_s"]["p90"] and 0 < block["alone_s"]["busy_share"] <= 1
         assert [v["item"] for v in block["verdicts"]] == items
         for v in block["verdicts"]:
-            assert set(v) == {"item", "status", "reasons", "speedup", "ci95", "phases_s", "wall_s"}
+            assert set(v) == {"item", "status", "reasons", "speedup", "ci95", "phases_s", "wall_s", "device", "timing"}
             assert v["status"] == "correct", v
+            assert v["device"].startswith("cpu") and v["timing"]["ref_ms"] > 0 and len(v["timing"]["ref_spread_ms"]) == 2
             assert v["ci95"][0] <= v["ci95"][1] and v["phases_s"]
         assert set(block["phase_medians"]) == {p for v in block["verdicts"] for p in v["phases_s"]}
     assert "| timing:1 | cold | 2 |" in first.stdout and "same status 2/2" in first.stdout
