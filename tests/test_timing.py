@@ -348,6 +348,23 @@ def test_a_sub_resolution_interval_says_the_calls_are_too_short():
     assert "larger --time-budget" in noise_note(reproducible(wide, "cuda"))
 
 
+def test_a_host_bound_reference_is_named_when_its_spread_makes_the_interval_wide():
+    """A launch-bound reference (rounds' interquartile range 40% of its median) on a GPU: the between-run part
+    dominates because of its spread, not the round trip, and the note says so; on a CPU (no such term) the
+    interval stays narrow and there is no note."""
+    from kernelcraft.judge.speed.reproduce import reproducible
+    from kernelcraft.judge.speed.timing import noise_note
+
+    def run():
+        b = _block([2.5] * 9, 2.45, 2.55)
+        b.ref_ms, b.cand_ms, b.ref_spread_ms, b.cand_spread_ms = 10.0, 4.0, (8.0, 12.0), (3.98, 4.02)
+        return b
+    note = noise_note(reproducible(run(), "cuda"), "cuda")
+    assert note.startswith("host too noisy") and "the reference is host-bound" in note and "40%" in note
+    assert "short against the judge's round trip" not in note
+    assert noise_note(reproducible(run(), "cpu"), "cpu") is None
+
+
 def test_processes_that_disagree_beyond_2x_and_their_intervals_are_noted():
     from kernelcraft.judge.speed.timing import inconsistent
     fast, slow = _block([50.0] * 9, 45.0, 55.0), _block([0.12] * 9, 0.11, 0.13)

@@ -142,7 +142,7 @@ def time_candidate(ev, accepted: Acceptance) -> None:
     res = reproduce.reproducible(res, ev.device.type)
     res.hidden_work_ms = med(left["candidate"]) - med(left["reference"])
     rec = res.record()
-    rec["note"] = timing.noise_note(res) or timing.inconsistent(blocks)
+    rec["note"] = timing.noise_note(res, ev.device.type) or timing.inconsistent(blocks)
     rec["audits"] = ev.audit.count + 1  # with the one after timing
     rec["busy_probes"] = clock.busy_probes
     rec["probe_idle_ms"] = clock.idle_ms

@@ -337,11 +337,12 @@ def combine(blocks: list[TimingResult]) -> TimingResult:
     return out
 
 
-def noise_note(res: TimingResult) -> str | None:
+def noise_note(res: TimingResult, kind: str | None = None) -> str | None:
     """'host too noisy' when the interval cannot resolve the speedup (its ends more than NOISY_SPAN apart): the
     number is still reported (a reward needs one) but must not be read as a measurement of the candidate. When
-    the between-run part dominates, more rounds would not help: the note says the times are too short for the
-    judge's round trip instead."""
+    the between-run part dominates, more rounds would not help: the note says why instead — a side so host-bound
+    that its time moves with its process (when the part `kind`'s calibration adds for the sides' spreads is most
+    of it), else times too short for the judge's round trip."""
     lo, hi = res.ci95
     if lo > 0 and hi / lo <= NOISY_SPAN:
         return None
@@ -350,6 +351,15 @@ def noise_note(res: TimingResult) -> str | None:
     wlo, whi = res.within_ci95 or (lo, hi)
     within = max(math.log(res.speedup / wlo), math.log(whi / res.speedup)) if min(wlo, res.speedup) > 0 else math.inf
     if res.between_run_sd and _Z * res.between_run_sd > within:
+        spreads = {"reference": relative_spread(res.ref_spread_ms, res.ref_ms),
+                   "candidate": relative_spread(res.cand_spread_ms, res.cand_ms)}
+        rest = between_run_sd(res.ref_ms, res.cand_ms, res.overhead_ms, kind) if kind else res.between_run_sd
+        if res.between_run_sd ** 2 > 2 * rest ** 2:  # the sides' spreads are most of the between-run part
+            side = max(spreads, key=spreads.get)
+            return head + (f"the {side} is host-bound (its rounds' interquartile range is {spreads[side]:.0%} of "
+                           "its median): its time moves with the process it runs in, so another run may read "
+                           "differently and more rounds would not help — compare programs of this task by their own "
+                           "times (bench: speedup_vs_compile_by_time)")
         return head + (f"the times (reference {res.ref_ms:.3g} ms, candidate {res.cand_ms:.3g} ms) are short "
                        f"against the judge's round trip ({res.overhead_ms:.3g} ms), whose error between runs "
                        "does not shrink with more rounds — compare on larger inputs")
