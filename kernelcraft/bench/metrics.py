@@ -147,9 +147,9 @@ def metrics(rows: list[dict], *, vs_compile: bool = False) -> dict:
         m["outcomes"] = {k: sum(r.get("outcome") == k for r in rows) for k in OUTCOMES}
     if vs_compile:
         m.update(block("speedup_vs_compile", "_vs_compile"))
-        timed = [r for r in ok if r.get("speedup_vs_compile_by_time")]
-        m["geomean_speedup_vs_compile_by_time"] = geomean(
-            [r["speedup_vs_compile_by_time"] if r in timed else 1.0 for r in rows if r in timed or r not in ok])
+        scored = [r.get("speedup_vs_compile_by_time") or 1.0 for r in rows  # a failure at 1.0; untimed left out
+                  if r.get("speedup_vs_compile_by_time") or not (r["correct"] and r.get("speedup") is not None)]
+        m["geomean_speedup_vs_compile_by_time"] = geomean(scored)
     return m
 
 

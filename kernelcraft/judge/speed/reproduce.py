@@ -15,7 +15,6 @@ from typing import Any
 
 Z95 = 1.959963984540054
 RESOLUTION_FLOOR = 0.05  # a side's overhead-corrected time is at least this share of the round-trip overhead
-BETA_CUDA = 0.35  # (`BETWEEN_RUN` below)
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class BetweenRun:
 # beta (GPU): from KernelBench level 2 and 3 programs measured in two or more evaluations on two H200s
 # (`benchmarks/between_run_pairs.py check`): the smallest grid value holding >= 90% of the pairs on the even-id
 # tasks, checked on the odd ones; the CPU keeps 0 (no such data).
-BETWEEN_RUN = {"cuda": BetweenRun(kappa=0.06, rho=0.01, beta=BETA_CUDA), "cpu": BetweenRun(kappa=0.15, rho=0.01)}
+BETWEEN_RUN = {"cuda": BetweenRun(kappa=0.06, rho=0.01, beta=0.35), "cpu": BetweenRun(kappa=0.15, rho=0.01)}
 
 
 def relative_spread(quartiles: tuple[float, float] | None, median: float) -> float:
