@@ -24,7 +24,7 @@ import gzip
 import json
 from pathlib import Path
 
-from kernelcraft.bench.metrics import geomean
+from kernelcraft.bench.metrics import geomean, own_times
 
 KEPT = "reference kept (nothing verified faster)"
 
@@ -59,22 +59,17 @@ def load(source: Path) -> dict[str, dict]:
     return out
 
 
-def _ms(v: dict, key: str) -> float | None:
-    return (v.get("timing") or {}).get(key) if v.get("status") == "correct" else None
-
-
 def _times(verdict: dict, baselines: dict[str, dict]) -> dict:
-    """The verdict against the best baseline by the programs' own times, and the eager reference's spread over
-    the task's verdicts (`ref_ms`, max over min). A kept reference is eager's time; no time, no ratio."""
-    refs = [ms for v in [verdict, *baselines.values()] if (ms := _ms(v, "ref_ms"))]
-    eager = sorted(refs)[len(refs) // 2] if refs else None
-    kept = (verdict.get("fallback") or {}).get("kind") == "reference"
-    ours = eager if kept else _ms(verdict, "cand_ms")
-    best = min([t for t in [eager, *(_ms(v, "cand_ms") for v in baselines.values())] if t], default=None)
-    inductor = _ms(baselines.get("inductor") or {}, "cand_ms") or eager
+    """The verdict against the best baseline (eager among them) and inductor (eager where it failed) by the
+    programs' own times (`metrics.own_times`), and the eager reference's spread over the task's verdicts (`ref_ms`,
+    max over min)."""
+    t = own_times(verdict, baselines)
+    best = min([x for x in [t.eager_ms, *t.baselines_ms.values()] if x], default=None)
+    inductor = t.baselines_ms.get("inductor") or t.eager_ms
+    ours, refs = t.ours_ms, t.reference_ms
     return {"vs_best_time": best / ours if best and ours else None,
             "vs_inductor_time": inductor / ours if inductor and ours else None,
-            "eager_spread": max(refs) / min(refs) if len(refs) > 1 else None}
+            "eager_spread": refs[-1] / refs[0] if len(refs) > 1 else None}
 
 
 def with_ratios(rows: dict[str, dict]) -> dict[str, dict]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from kernelcraft.bench import baselines as bl
@@ -153,17 +154,34 @@ def metrics(rows: list[dict], *, vs_compile: bool = False) -> dict:
     return m
 
 
-def vs_compile_by_time(rec: dict, baselines: dict[str, dict], best: str) -> float | None:
-    """The verdict against the best compile baseline by the two programs' own times: the baseline's `cand_ms`
-    (eager's: the median `ref_ms` over the task's verdicts) over the verdict's (a kept reference's: eager's). Each
-    paired speedup is against its own eager reference process, and a launch-bound reference's time moves between
-    processes (docs/design/bench.md#metrics); the programs' own times do not move with it."""
+@dataclass(frozen=True)
+class OwnTimes:
+    """A task's programs by their own times: the eager reference's readings over the task's verdicts (`ref_ms`),
+    their median (eager's time), the verdict's program (a kept reference's: eager's) and each correct baseline's
+    (`cand_ms`). None where not measured."""
+    reference_ms: list[float]
+    eager_ms: float | None
+    ours_ms: float | None
+    baselines_ms: dict[str, float]
+
+
+def own_times(rec: dict, baselines: dict[str, dict]) -> OwnTimes:
+    """`OwnTimes` of one verdict record and its task's baseline records (by name)."""
     ms = lambda v, k: (v.get("timing") or {}).get(k) if v.get("status") == "correct" else None  # noqa: E731
     refs = sorted(t for v in [rec, *baselines.values()] if (t := ms(v, "ref_ms")))
     eager = refs[len(refs) // 2] if refs else None
     ours = eager if (rec.get("fallback") or {}).get("kind") == "reference" else ms(rec, "cand_ms")
-    theirs = ms(baselines[best], "cand_ms") if best in baselines else eager
-    return theirs / ours if theirs and ours else None
+    return OwnTimes(refs, eager, ours, {b: t for b, v in baselines.items() if (t := ms(v, "cand_ms"))})
+
+
+def vs_compile_by_time(rec: dict, baselines: dict[str, dict], best: str) -> float | None:
+    """The verdict against the best compile baseline by the two programs' own times (`own_times`: eager's where
+    `best` is eager). Each paired speedup is against its own eager reference process, and a launch-bound
+    reference's time moves between processes (docs/design/bench.md#metrics); the programs' own times do not
+    move with it."""
+    t = own_times(rec, baselines)
+    theirs = t.baselines_ms.get(best) if best in baselines else t.eager_ms
+    return theirs / t.ours_ms if theirs and t.ours_ms else None
 
 
 def _by_level(rows: list[dict], vs_compile: bool) -> dict:
