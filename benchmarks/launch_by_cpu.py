@@ -74,7 +74,15 @@ def main(argv=None) -> int:
     devices = [f"cuda:{g}" for g in gpus] if args.device == "cuda" else ["cpu"]
     if args.repeat < 1 or args.reps < 1:
         ap.error("--repeat and --reps must be at least 1")
-    rows = [measure(c, d, args.reps, args.width, args.depth) for _ in range(args.repeat) for d in devices for c in cpus]
+    rows = []
+    for _ in range(args.repeat):  # each row printed and written as it comes: a run cut short keeps what it measured
+        for d in devices:
+            for c in cpus:
+                rows.append(measure(c, d, args.reps, args.width, args.depth))
+                print(json.dumps(rows[-1]), flush=True)
+                if args.out:
+                    args.out.write_text(json.dumps({"rows": rows, "reps": args.reps, "repeat": args.repeat,
+                                                    "width": args.width, "depth": args.depth, "partial": True}))
     spread = {}
     for d in devices:
         per_cpu = {c: [r["median_ms"] for r in rows if r["device"] == d and r["cpu"] == c and "median_ms" in r]

@@ -22,6 +22,8 @@ def pytest_configure(config):
 QUICK = {
     "test_architecture.py": ["test_no_import_cycles", "test_stages_import_only_downwards",
                              "test_the_judge_is_in_rooms_by_role", "test_every_module_imports[kernelcraft.cli]"],
+    "test_attention_rule.py": ["test_written_out_attention_becomes_one_call", "test_near_misses",
+                               "test_the_causal_test_is_kept_while_its_buffer_is_unchanged"],
     "test_bench.py": ["test_metrics_definitions", "test_metrics_intervals_from_the_per_task_cis",
                       "test_a_long_message_is_cut_after_a_whole_word_and_says_so", "test_bad_inputs_are_one_line_errors",
                       "test_pairs_source_rows", "test_bench_report_tables_align_numbers_and_their_headers"],

@@ -412,3 +412,11 @@ def test_max_autotune_is_left_out_where_it_would_autotune_many_problems():
     assert "left out: they would autotune" not in pol.exhausted(single)
     on_cpu = _ctx(load_task("gpu/level3/vgg_stack"), CPU, [])
     assert "compile:default" in pol.tokens(on_cpu) and not AUTOTUNE_MODES & set(pol.tokens(on_cpu))
+
+
+def test_every_recipe_token_has_a_name_for_people():
+    """What won is printed by name (`techniques`): every rule and every token the policy can offer has one."""
+    from kernelcraft.search.recipes.policy import PRIORS
+    from kernelcraft.search.techniques import TOKEN_TECHNIQUES
+    tokens = {f"rewrite:{r}" for r in rewrite.RULE_ORDER} | {t for kind in PRIORS.values() for t in kind}
+    assert not tokens - set(TOKEN_TECHNIQUES), sorted(tokens - set(TOKEN_TECHNIQUES))

@@ -102,3 +102,36 @@ def test_reductions_and_poolings_as_triton_kernels(name, kernel, cache_dir):
     assert kernel in src, src
     v = evaluate(task, src, device="cuda", time_budget_s=0.5, remeasure_above=None)
     assert v.status == "correct", (name, v.reasons, v.message)
+
+
+@pytest.mark.parametrize("name", ["attention_causal.py", "attention_mha.py"])
+def test_attention_as_one_kernel_on_gpu(name, cache_dir):
+    """The `attention` rule's candidates on the GPU: correct alone and replayed from a CUDA graph (the causal mask
+    is recognised before the capture, so the graph holds no synchronisation)."""
+    from conftest import FIXTURES
+    task = load_task(FIXTURES / "tasks" / name)
+    a = rewrite.analyze(task.source)
+    assert "attention" in a.rules, a.rules
+    for recipe in (["rewrite:attention"], ["rewrite:attention", "cudagraph"]):
+        src = render.render(task.source, recipe, a)
+        v = evaluate(task, src, device="cuda", time_budget_s=0.5, remeasure_above=None)
+        assert v.status == "correct", (name, recipe, v.reasons, v.message)
+
+
+def test_the_fused_attention_kernels_match_the_written_out_attention():
+    """The helper on CUDA tensors: the causal path (is_causal) and the general mask path against the written-out
+    computation in float64, at a length where the fused kernels tile."""
+    import torch
+    from kernelcraft.search.recipes import attention
+    ns = {"torch": torch}
+    exec(attention.HELPER, ns)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda") for _ in range(3))
+    causal = torch.tril(torch.ones(1, 1, 512, 512, device="cuda"))
+    general = (torch.rand(1, 1, 300, 300, device="cuda") > 0.5) & ~torch.eye(300, dtype=torch.bool, device="cuda")
+    for masked_out, fixed, key in ((causal[:, :, :300, :300] == 0, True, (causal, 300)), (general, False, ())):
+        got = ns["_kc_attention"](q, k, v, 0.125, masked_out, fixed, *key)
+        s = (q.double() @ k.double().transpose(-2, -1)) * 0.125
+        want = torch.softmax(s.masked_fill(masked_out, float("-inf")), -1) @ v.double()
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    assert list(ns["_kc_attention_causal"].values()) == [True]

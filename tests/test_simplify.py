@@ -25,7 +25,7 @@ def _prop(gm, inputs):
 
 
 def _apply(model, inputs, rules):
-    gm = torch.fx.symbolic_trace(model)
+    gm = rewrite.symbolic_trace(model)
     _prop(gm, inputs)
     changed = []
     for r in rules:

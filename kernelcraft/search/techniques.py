@@ -22,6 +22,7 @@ TOKEN_TECHNIQUES = {
     "rewrite:fuse_activation": "fused activation (x*sigmoid(x) -> silu, ...)",
     "rewrite:pool_merge": "algebraic rewrite (two tiling pools merged into one)",
     "rewrite:pool_linear": "algebraic rewrite (average-pool the weights, not the outputs)",
+    "rewrite:attention": "fused attention (scaled_dot_product_attention: the scores never written)",
     "rewrite:conv_reduce": "algebraic rewrite (a convolution's global sum/mean without the convolution)",
     "triton": "generated Triton kernels (fused elementwise chains, reductions, poolings, depthwise convolutions)",
     "tuned": "tuned Triton kernel (a template for the whole forward: GEMM + epilogue, row norm or scan)",

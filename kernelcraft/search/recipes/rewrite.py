@@ -16,14 +16,14 @@ import sys
 import types
 from dataclasses import dataclass, field
 
-from kernelcraft.search.recipes import (activations, convreduce, depthwise, dimreduce, fxrules, gemmsplice, pooling,
-                                        poollinear, reductions, simplify, tritonfuse, tunematch)
+from kernelcraft.search.recipes import (activations, attention, convreduce, depthwise, dimreduce, fxrules, gemmsplice,
+                                        pooling, poollinear, reductions, simplify, tritonfuse, tunematch)
 from kernelcraft.search.recipes.fxrules import _dtype, _torch
 
 # simplifications first: they expose work for the others (sum(x @ W.T / 2) -> sum(x @ W.T) / 2 -> a GEMV)
-RULE_ORDER = ("identities", "clamp_chain", "size1_reduce", "sink_pointwise", "pool_merge", "pool_linear",
+RULE_ORDER = ("identities", "attention", "clamp_chain", "size1_reduce", "sink_pointwise", "pool_merge", "pool_linear",
               "conv_reduce", "fuse_activation") + fxrules.RULE_ORDER
-RULES = {**simplify.RULES, **reductions.RULES, **poollinear.RULES, **convreduce.RULES, **activations.RULES,
+RULES = {**simplify.RULES, **attention.RULES, **reductions.RULES, **poollinear.RULES, **convreduce.RULES, **activations.RULES,
          **fxrules.RULES}
 MAX_FULL_SUBSETS = 5  # more applicable rules than this: render singletons, all, and all-but-one only
 
@@ -112,9 +112,21 @@ def _propagate(gm, inputs) -> None:
 def _trace(model, inputs):
     """The forward as called with `inputs`: parameters the inputs leave at their defaults are traced as those
     values (`h0=None` takes its `if h0 is None` branch; a call that passes one fails an assertion, never ignores it)."""
-    gm = _torch().fx.symbolic_trace(model, concrete_args=_defaulted(model, inputs) or None)
+    gm = symbolic_trace(model, _defaulted(model, inputs) or None)
     _propagate(gm, inputs)
     return gm
+
+
+def symbolic_trace(model, concrete_args=None):
+    """torch.fx's trace; when it fails, again with buffers as graph values (`self.mask[:, :T]`, T traced, needs
+    the buffer in the graph: a tensor attribute cannot be sliced by a traced size)."""
+    torch = _torch()
+    try:
+        return torch.fx.symbolic_trace(model, concrete_args=concrete_args)
+    except Exception:
+        tracer = torch.fx.Tracer()
+        tracer.proxy_buffer_attributes = True
+        return torch.fx.GraphModule(model, tracer.trace(model, concrete_args=concrete_args))
 
 
 def _defaulted(model, inputs) -> dict:
@@ -188,7 +200,9 @@ def render_graph(gm, root) -> tuple[str, str]:
             if target is not obj:
                 raise Unrenderable(f"cannot name {obj!r} in generated source")
             lines.append(f"import {mod} as _kc_{name}_mod\n{name} = _kc_{name}_mod.{qual}")
-    return "\n".join(lines), pc.src.strip() + "\n"
+    # torch.fx marks the functions it wrapped (math.sqrt of a size) for a later trace of this code: none follows
+    src = re.sub(r"(?m)^torch\.fx\._symbolic_trace\.wrap\([^\n]*\)\n", "", pc.src)
+    return "\n".join(lines), src.strip() + "\n"
 
 
 def _resolve_attr(gm, target: str):
