@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 
 from kernelcraft.bench.metrics import geomean, own_times
+from kernelcraft.search.techniques import TOKEN_TECHNIQUES
 
 KEPT = "reference kept (nothing verified faster)"
 
@@ -49,7 +50,8 @@ def load(source: Path) -> dict[str, dict]:
         correct = r.get("status") == "correct" and r.get("speedup")
         fb = r.get("fallback") or {}
         won = (KEPT if fb.get("kind") == "reference" else f"fallback: {fb.get('kind')}" if fb
-               else ", ".join((r.get("optimize") or {}).get("best_techniques") or []) or "—")
+               else ", ".join(TOKEN_TECHNIQUES.get(t, t) for t in (r.get("optimize") or {}).get("best_techniques") or [])
+               or "—")  # a token a run printed before it had a name for people gets its name
         bl = {n: (v.get("speedup") if v.get("status") == "correct" else None)
               for n, v in base.get(r["task"], {}).items()}
         out[r["task"]] = {"speedup": r["speedup"] if correct else None, "status": r.get("status"),
