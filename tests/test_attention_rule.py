@@ -66,6 +66,25 @@ def test_a_mask_computed_from_the_input_is_passed_every_call():
     assert "_kc_attention" in ops and ", False)" in code.replace("\n", "")  # mask_fixed False: never cached
 
 
+class TrilAtRun(nn.Module):
+    """The causal mask made at each call: tril of a buffer of ones sliced to the length, compared with 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("ones", torch.ones(16, 16))
+
+    def forward(self, x):
+        T = x.size(-2)
+        m = torch.tril(self.ones[:T, :T]) == 0
+        return F.softmax((x @ x.transpose(-2, -1)).masked_fill(m, float("-inf")), -1) @ x
+
+
+def test_a_mask_made_of_buffers_and_sizes_is_kept():
+    ops, code = _check(TrilAtRun(), [Q], "attention")
+    call = code.split("_kc_attention(")[1].split(")")[0]
+    assert "_kc_attention" in ops and "True" in call and "ones" in call  # mask_fixed, keyed on the buffer
+
+
 def test_near_misses():
     _check(Masked(_causal(16), keep_scores=True), [Q], "attention", applies=False)  # the weights are returned
     _check(Masked(_causal(16), value=-1e9), [Q], "attention", applies=False)  # a finite fill: not the same program

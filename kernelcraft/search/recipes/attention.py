@@ -170,9 +170,11 @@ def _node_args(n):
     return out
 
 
-_PURE_MASK_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_not", "bool", "to", "view", "reshape", "unsqueeze",
-                  "expand", "expand_as", "narrow", "contiguous", "getitem", "invert", "__invert__", "not_", "tril",
-                  "triu", "squeeze", "transpose", "permute"}
+# what a mask kept between calls may be made of: comparisons, views and factories of sizes (no random, no input)
+_PURE_MASK_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "bool", "to",
+                  "float", "view", "reshape", "unsqueeze", "expand", "expand_as", "narrow", "contiguous", "getitem",
+                  "invert", "__invert__", "not_", "and_", "or_", "tril", "triu", "squeeze", "transpose", "permute",
+                  "ones", "zeros", "full", "arange", "eye"}
 
 
 def _unlisted_op(n) -> bool:
