@@ -178,7 +178,8 @@ def run_block(pairs, scope: str, device: str, gpus: int, per_gpu: int | None, ca
         for f in as_completed(futures):
             verdicts[futures[f]] = verdict_record(pairs[futures[f]][0]["item"], f.result())
         wall = time.monotonic() - t0
-    return summarize(verdicts, wall, gpus if device == "cuda" else 1)
+        slots = len(pool.devices)
+    return summarize(verdicts, wall, gpus if device == "cuda" else 1, slots)
 
 
 def baseline_timeout(kind: str, pool: Pool) -> dict:
@@ -212,7 +213,18 @@ def busy_share(verdicts: list[dict], wall: float, gpus: int) -> float | None:
     return round(sum(v["phases_s"].get("time", 0.0) for v in verdicts) / (wall * gpus), 3) if wall > 0 else None
 
 
-def summarize(verdicts: list[dict], wall: float, gpus: int) -> dict:
+def makespan(verdicts: list[dict], wall: float, slots: int) -> dict:
+    """How far the block's wall is from what its verdicts allow: `packed_s`, their walls summed over the slots (every
+    slot busy to the end), and `longest_s`, the slowest one (no schedule ends before it). A wall well above both is
+    the schedule's tail; walls that grow with the GPUs at the same slots per GPU are the host's contention."""
+    walls = [v["wall_s"] or 0.0 for v in verdicts]
+    bound = max(sum(walls) / slots, max(walls, default=0.0)) if slots else 0.0
+    return {"slots": slots, "packed_s": round(sum(walls) / slots, 2) if slots else None,
+            "longest_s": round(max(walls, default=0.0), 2),
+            "wall_over_bound": round(wall / bound, 3) if bound > 0 else None}
+
+
+def summarize(verdicts: list[dict], wall: float, gpus: int, slots: int | None = None) -> dict:
     on_device = [_clocks(v["phases_s"])[2] for v in verdicts]
     alone = [v["phases_s"].get("time", 0.0) for v in verdicts]  # the timed rounds: the device to itself
     names = sorted({p for v in verdicts for p in v["phases_s"]})
@@ -223,6 +235,7 @@ def summarize(verdicts: list[dict], wall: float, gpus: int) -> dict:
                         "busy_share": busy_share(verdicts, wall, gpus)},
             "phase_medians": {p: round(statistics.median(v["phases_s"][p] for v in verdicts if p in v["phases_s"]), 3)
                               for p in names},
+            "makespan": makespan(verdicts, wall, slots) if slots else None,
             "statuses": dict(Counter(v["status"] for v in verdicts)), "verdicts": verdicts}
 
 

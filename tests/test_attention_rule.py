@@ -137,14 +137,22 @@ def test_the_causal_test_is_kept_while_its_buffer_is_unchanged():
 
     masked_out = buf[:, :, :10, :10] == 0
     torch.testing.assert_close(fn(q, k, v, 0.5, masked_out, True, buf, 10), ref(masked_out))
-    assert list(cache.values()) == [True]
+    assert [c for c, _ in cache.values()] == [True]
     buf[0, 0, 9, 9] = 0.0  # changed in place (a state_dict load copies the same way): tested again
     masked_out = buf[:, :, :10, :10] == 0
     torch.testing.assert_close(fn(q, k, v, 0.5, masked_out, True, buf, 10), ref(masked_out))
-    assert sorted(cache.values()) == [False, True]
+    assert sorted(c for c, _ in cache.values()) == [False, True]
+    other = _causal(16)  # another tensor: kept answers are not its own, even were it at a freed one's address
+    other[0, 0, 1, 3] = 1.0  # row 1 also sees position 3: not causal
+    masked_out = other[:, :, :10, :10] == 0
+    key = next(iter(cache))
+    cache[((other.data_ptr(), other._version, tuple(other.shape), other.stride(), str(other.device)), 10,
+           (1, 1, 10, 10))] = (True, cache[key][1])
+    torch.testing.assert_close(fn(q, k, v, 0.5, masked_out, True, other, 10), ref(masked_out))
     masked_out = torch.zeros(1, 1, 10, 10, dtype=torch.bool).triu(1)  # made from the inputs: not kept
+    n = len(cache)
     torch.testing.assert_close(fn(q, k, v, 0.5, masked_out, False), ref(masked_out))
-    assert len(cache) == 2
+    assert len(cache) == n
 
 
 def test_a_buffer_sliced_by_a_traced_size_is_traced():

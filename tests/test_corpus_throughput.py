@@ -118,6 +118,10 @@ def test_run_on_cpu_writes_a_block_per_scope_and_a_rerun_skips_them(datasets, tm
     for block in result["blocks"]:
         assert block["n"] == 2 and block["wall_s"] > 0 and block["per_gpu_min"] > 0
         assert sum(block["statuses"].values()) == 2
+        span = block["makespan"]  # the slowest verdict ran inside the block, and no schedule beats both bounds
+        assert span["slots"] == block["per_gpu"] or (block["per_gpu"] is None and span["slots"] >= 1)
+        assert 0 < span["longest_s"] <= block["wall_s"] and span["wall_over_bound"] > 0
+        assert span["packed_s"] == round(sum(v["wall_s"] for v in block["verdicts"]) / span["slots"], 2)
         assert block["device_s"]["median"] <= block["device_s"]["p90"]
         assert block["alone_s"]["median"] <= block["alone_s"]["p90"] and 0 < block["alone_s"]["busy_share"] <= 1
         assert [v["item"] for v in block["verdicts"]] == items

@@ -4,8 +4,8 @@ Two forms, same contract as `simplify` (exact in real arithmetic, no sizes baked
 - written out, `softmax(q @ k^T * s [masked_fill(m, -inf)]) [dropout p=0] @ v` with nothing else reading the scores,
   becomes the helper `_kc_attention` (it travels with the candidate, `_kc_source`): PyTorch's
   `scaled_dot_product_attention` with the scale given and the mask as `attn_mask`, or `is_causal=True` when the mask is
-  the causal one. A mask made only of buffers and sizes is tested once per (buffer storage, version, sizes); one
-  made from the inputs is passed as it is, every call.
+  the causal one. A mask made only of buffers and sizes is tested once per (those buffer objects, their version,
+  the sizes); one made from the inputs is passed as it is, every call.
 - `nn.MultiheadAttention` whose averaged weights nobody reads is called with `need_weights=False` (its fused path).
 Rationale: docs/design/recipes.md#attention
 """
@@ -19,29 +19,39 @@ from kernelcraft.search.recipes.fxrules import _dtype, _fn, _is_float, _meth, _n
 from kernelcraft.search.recipes.simplify import _alive, _dropout_p0, _each_call, _module, _torch_nn
 
 HELPER = '''
+import weakref
+
 _kc_attention_causal = {}
 
 
 def _kc_attention(q, k, v, scale, masked_out, mask_fixed, *mask_key):
     """softmax(q @ k^T * scale, -inf where masked_out) @ v in one fused kernel (kernelcraft's attention rule).
-    mask_fixed: masked_out is a pure function of mask_key (buffers, sizes), so whether it is causal is kept."""
+    mask_fixed: masked_out is a pure function of mask_key (buffers, sizes), so whether it is causal is kept, for as
+    long as those very tensors live at that version."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
     if masked_out is None:
         return sdpa(q, k, v, scale=scale)
     causal = False
     if mask_fixed and not masked_out.is_meta:
+        tensors = [t for t in mask_key if isinstance(t, torch.Tensor)]
         key = tuple((t.data_ptr(), t._version, tuple(t.shape), t.stride(), str(t.device))
                     if isinstance(t, torch.Tensor) else t for t in mask_key) + (tuple(masked_out.shape),)
-        causal = _kc_attention_causal.get(key)
-        if causal is None:
+        try:
+            kept = _kc_attention_causal.get(key)
+        except TypeError:  # a leaf that cannot be a key (a list): the mask goes as it is
+            key, kept = None, (False, ())
+        if kept is not None and all(ref() is t for ref, t in zip(kept[1], tensors)):
+            causal = kept[0]  # the same tensors, not others at a freed one's address
+        else:
             L, S = q.shape[-2], k.shape[-2]
             causal = (masked_out.dim() >= 2 and tuple(masked_out.shape[-2:]) == (L, S)
                       and all(d == 1 for d in masked_out.shape[:-2])
                       and torch.equal(masked_out.reshape(L, S),
                                       torch.ones(L, S, dtype=torch.bool, device=masked_out.device).triu(1)))
-            if len(_kc_attention_causal) > 256:
-                _kc_attention_causal.clear()
-            _kc_attention_causal[key] = causal
+            if key is not None:
+                if len(_kc_attention_causal) > 256:
+                    _kc_attention_causal.clear()
+                _kc_attention_causal[key] = (causal, tuple(weakref.ref(t) for t in tensors))
     if causal:
         return sdpa(q, k, v, is_causal=True, scale=scale)
     return sdpa(q, k, v, attn_mask=masked_out.logical_not(), scale=scale)
