@@ -28,8 +28,7 @@ from pathlib import Path
 from kernelcraft.judge.speed import reproduce
 from kernelcraft.judge.speed.timing import TimingResult
 
-FIELDS = ("ref_ms", "cand_ms", "speedup", "within_ci95", "overhead_ms", "cand_overhead_ms", "ref_spread_ms",
-          "cand_spread_ms")
+FIELDS = reproduce.INPUT_FIELDS
 GRID = [round(0.05 * i, 2) for i in range(0, 41)]  # beta from 0 to 2
 
 

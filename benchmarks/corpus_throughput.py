@@ -47,6 +47,7 @@ from kernelcraft.bench import baselines as bl
 from kernelcraft.bench.sources import NO_CODE, BenchError, resolve
 from kernelcraft.bench.timeuse import _clocks
 from kernelcraft.evaluate import LOCK_SCOPES as SCOPES
+from kernelcraft.judge.speed import reproduce
 from kernelcraft.serve.pool import Pool
 
 CODE_FIELDS = {"custom_code": "custom", "cuda_graph_code": "cuda_graph", "cudnn_code": "cudnn"}
@@ -190,8 +191,8 @@ def baseline_timeout(kind: str, pool: Pool) -> dict:
     return {"timeout_s": max(default, bl.MIN_TIMEOUT_S[kind])}
 
 
-TIMING_FIELDS = ("ref_ms", "cand_ms", "speedup", "within_ci95", "overhead_ms", "cand_overhead_ms", "ref_spread_ms",
-                 "cand_spread_ms", "host_busy_cores")  # what `between_run_pairs.py` recomputes an interval from
+# what `between_run_pairs.py` recomputes an interval from, and the host's load beside it
+TIMING_FIELDS = reproduce.INPUT_FIELDS + ("host_busy_cores",)
 
 
 def verdict_record(item: str, v) -> dict:
