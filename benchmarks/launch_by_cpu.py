@@ -7,7 +7,9 @@ Usage:
 
 Per (CPU, device, process): the median forward time of `--reps` calls after warm-up; per device, the spread over
 CPUs (max over min of each CPU's median) and, with `--repeat` processes per CPU, within them (the largest max over
-min among one CPU's processes): a CPU-bound spread is placement, a within-CPU one is the process itself. The judge's eager references of launch-bound networks moved 1.3-1.9x between evaluations of one
+min among one CPU's processes): a CPU-bound spread is placement, a within-CPU one is the process itself. Each process
+also times as many launches of nothing (`probe_ms`); `probe_r`, the correlation of the two over processes, says
+whether such a probe reads a process's draw. The judge's eager references of launch-bound networks moved 1.3-1.9x between evaluations of one
 bench run while the host's load stayed low (BENCHMARKS.md); a spread of that size here says the CPU (or its
 memory) is what moves them, and that the timed sides should be placed, not left to the scheduler.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -39,7 +42,16 @@ with torch.no_grad():
         sync(); t0 = time.perf_counter(); net(x); sync(); t1 = time.perf_counter()
         if i >= 5:
             times.append((t1 - t0) * 1e3)
-print(statistics.median(times), os.sched_getcpu() if hasattr(os, "sched_getcpu") else cpu)
+probe, one = [], torch.zeros(1, device=dev)
+with torch.no_grad():  # the same number of launches, each of nothing: the process's dispatch alone
+    for i in range(reps + 5):
+        sync(); t0 = time.perf_counter()
+        for _ in range(3 * depth):
+            one.add_(1.0)
+        sync(); t1 = time.perf_counter()
+        if i >= 5:
+            probe.append((t1 - t0) * 1e3)
+print(statistics.median(times), os.sched_getcpu() if hasattr(os, "sched_getcpu") else cpu, statistics.median(probe))
 """
 
 
@@ -48,8 +60,20 @@ def measure(cpu: int, dev: str, reps: int, width: int, depth: int) -> dict:
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         return {"cpu": cpu, "device": dev, "error": (r.stderr or r.stdout).strip().splitlines()[-1:]}
-    ms, ran_on = r.stdout.split()
-    return {"cpu": cpu, "device": dev, "median_ms": float(ms), "ran_on": int(ran_on)}
+    ms, ran_on, probe = r.stdout.split()
+    return {"cpu": cpu, "device": dev, "median_ms": float(ms), "ran_on": int(ran_on), "probe_ms": float(probe)}
+
+
+def log_correlation(rows: list[dict]) -> float | None:
+    """Pearson's r of ln(forward) on ln(probe) over processes: near 1, a null probe of launches reads a process's
+    draw, and a judge could correct for it; near 0, it does not."""
+    pts = [(math.log(r["probe_ms"]), math.log(r["median_ms"])) for r in rows if r.get("probe_ms") and r.get("median_ms")]
+    if len(pts) < 3:
+        return None
+    try:
+        return statistics.correlation([p for p, _ in pts], [m for _, m in pts])
+    except statistics.StatisticsError:  # every probe (or forward) read the same
+        return None
 
 
 def main(argv=None) -> int:
@@ -89,12 +113,15 @@ def main(argv=None) -> int:
                    for c in cpus}
         ms = [statistics.median(v) for v in per_cpu.values() if v]
         within = max((max(v) / min(v) for v in per_cpu.values() if len(v) > 1), default=None)
+        r_probe = log_correlation([r for r in rows if r["device"] == d])
         spread[d] = {"min_ms": min(ms), "max_ms": max(ms), "median_ms": statistics.median(ms),
-                     "over_cpus": max(ms) / min(ms), "within_cpu": within} if ms else None
+                     "over_cpus": max(ms) / min(ms), "within_cpu": within, "probe_r": r_probe} if ms else None
         if ms:
             print(f"{d}: {len(ms)} CPUs, median {statistics.median(ms):.3f} ms, {min(ms):.3f}-{max(ms):.3f} "
                   f"(x{max(ms) / min(ms):.2f} over CPUs" + (f", up to x{within:.2f} between one CPU's processes)"
-                                                            if within else ")"))
+                                                            if within else ")")
+                  + (f"; ln forward on ln null-launch probe over processes: r = {r_probe:.2f}" if r_probe is not None
+                     else ""))
     for r in rows:
         if "error" in r:
             print(f"{r['device']} cpu {r['cpu']}: {r['error']}")

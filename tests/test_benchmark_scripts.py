@@ -269,6 +269,14 @@ def test_launch_by_cpu_times_a_pinned_process_per_cpu_on_the_cpu_path(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(out.read_text())
     assert [(x["cpu"], x["ran_on"]) for x in data["rows"]] == [(cpu, cpu), (cpu, cpu)]
-    assert all(x["median_ms"] > 0 for x in data["rows"]) and data["spread"]["cpu"]["within_cpu"] >= 1.0
+    assert all(x["median_ms"] > 0 and x["probe_ms"] > 0 for x in data["rows"])
+    assert data["spread"]["cpu"]["within_cpu"] >= 1.0 and data["spread"]["cpu"]["probe_r"] is None  # 2 points
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from launch_by_cpu import log_correlation
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    rows = [{"probe_ms": p, "median_ms": 10 * p} for p in (1.0, 2.0, 1.5)] + [{"probe_ms": 1.0, "error": "x"}]
+    assert abs(log_correlation(rows) - 1.0) < 1e-9
     bad = _script(tmp_path, "launch_by_cpu.py", "--device", "cpu", "--cpus", "100000")
     assert bad.returncode == 2 and "not among" in bad.stderr
