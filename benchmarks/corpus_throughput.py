@@ -219,9 +219,9 @@ def makespan(verdicts: list[dict], wall: float, slots: int) -> dict:
     slot busy to the end), and `longest_s`, the slowest one (no schedule ends before it). A wall well above both is
     the schedule's tail; walls that grow with the GPUs at the same slots per GPU are the host's contention."""
     walls = [v["wall_s"] or 0.0 for v in verdicts]
-    bound = max(sum(walls) / slots, max(walls, default=0.0)) if slots else 0.0
-    return {"slots": slots, "packed_s": round(sum(walls) / slots, 2) if slots else None,
-            "longest_s": round(max(walls, default=0.0), 2),
+    packed, longest = sum(walls) / slots, max(walls, default=0.0)
+    bound = max(packed, longest)
+    return {"slots": slots, "packed_s": round(packed, 2), "longest_s": round(longest, 2),
             "wall_over_bound": round(wall / bound, 3) if bound > 0 else None}
 
 

@@ -9,9 +9,9 @@ Per (CPU, device, process): the median forward time of `--reps` calls after warm
 CPUs (max over min of each CPU's median) and, with `--repeat` processes per CPU, within them (the largest max over
 min among one CPU's processes): a CPU-bound spread is placement, a within-CPU one is the process itself. Each process
 also times as many launches of nothing (`probe_ms`); `probe_r`, the correlation of the two over processes, says
-whether such a probe reads a process's draw. The judge's eager references of launch-bound networks moved 1.3-1.9x between evaluations of one
-bench run while the host's load stayed low (BENCHMARKS.md); a spread of that size here says the CPU (or its
-memory) is what moves them, and that the timed sides should be placed, not left to the scheduler.
+whether such a probe reads a process's draw. The judge's eager references of launch-bound networks moved 1.3-1.9x
+between evaluations of one bench run while the host's load stayed low; on two H200s of one host this measured the
+spread within one CPU's processes as large as over CPUs (BENCHMARKS.md): the process, not its CPU.
 """
 from __future__ import annotations
 
@@ -36,22 +36,22 @@ for _ in range(depth):
 net = torch.nn.Sequential(*layers).to(dev).eval()
 x = torch.randn(2, width, 16, 16, device=dev)
 sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
-times = []
-with torch.no_grad():
-    for i in range(reps + 5):
-        sync(); t0 = time.perf_counter(); net(x); sync(); t1 = time.perf_counter()
+
+
+def median_ms(fn):
+    times = []
+    for i in range(reps + 5):  # 5 warm-up calls
+        sync(); t0 = time.perf_counter(); fn(); sync(); t1 = time.perf_counter()
         if i >= 5:
             times.append((t1 - t0) * 1e3)
-probe, one = [], torch.zeros(1, device=dev)
-with torch.no_grad():  # the same number of launches, each of nothing: the process's dispatch alone
-    for i in range(reps + 5):
-        sync(); t0 = time.perf_counter()
-        for _ in range(3 * depth):
-            one.add_(1.0)
-        sync(); t1 = time.perf_counter()
-        if i >= 5:
-            probe.append((t1 - t0) * 1e3)
-print(statistics.median(times), os.sched_getcpu() if hasattr(os, "sched_getcpu") else cpu, statistics.median(probe))
+    return statistics.median(times)
+
+
+one = torch.zeros(1, device=dev)
+with torch.no_grad():
+    forward = median_ms(lambda: net(x))
+    probe = median_ms(lambda: [one.add_(1.0) for _ in range(3 * depth)])  # as many launches, each of nothing
+print(forward, os.sched_getcpu() if hasattr(os, "sched_getcpu") else cpu, probe)
 """
 
 
@@ -98,15 +98,14 @@ def main(argv=None) -> int:
     devices = [f"cuda:{g}" for g in gpus] if args.device == "cuda" else ["cpu"]
     if args.repeat < 1 or args.reps < 1:
         ap.error("--repeat and --reps must be at least 1")
-    rows = []
+    rows, meta = [], {"reps": args.reps, "repeat": args.repeat, "width": args.width, "depth": args.depth}
     for _ in range(args.repeat):  # each row printed and written as it comes: a run cut short keeps what it measured
         for d in devices:
             for c in cpus:
                 rows.append(measure(c, d, args.reps, args.width, args.depth))
                 print(json.dumps(rows[-1]), flush=True)
                 if args.out:
-                    args.out.write_text(json.dumps({"rows": rows, "reps": args.reps, "repeat": args.repeat,
-                                                    "width": args.width, "depth": args.depth, "partial": True}))
+                    args.out.write_text(json.dumps({"rows": rows, **meta, "partial": True}))
     spread = {}
     for d in devices:
         per_cpu = {c: [r["median_ms"] for r in rows if r["device"] == d and r["cpu"] == c and "median_ms" in r]
@@ -126,8 +125,7 @@ def main(argv=None) -> int:
         if "error" in r:
             print(f"{r['device']} cpu {r['cpu']}: {r['error']}")
     if args.out:
-        args.out.write_text(json.dumps({"rows": rows, "spread": spread, "reps": args.reps, "repeat": args.repeat,
-                                        "width": args.width, "depth": args.depth}, indent=1))
+        args.out.write_text(json.dumps({"rows": rows, "spread": spread, **meta}, indent=1))
     return 0 if any("median_ms" in r for r in rows) else 1
 
 

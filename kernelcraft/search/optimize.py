@@ -151,12 +151,12 @@ def optimize(task: "str | Path | Task", out: "str | Path", options: Options | No
         lock.release()
 
 
-
 def _pooled(search: float, confirmed: float) -> float:
     """A leader's speedup over its two measurements (geometric mean): what picks the best among confirmed leaders.
     Picking by the confirmations alone would re-select on noise (the larger of two re-measurements of equal
     programs reads high); the number reported is still the confirmation's."""
     return math.sqrt(search * confirmed)
+
 
 class _Run:
     def __init__(self, task: Task, out: Path, db: RunDB, opts: Options, device: str, policy, emit,

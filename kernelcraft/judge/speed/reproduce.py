@@ -28,6 +28,11 @@ class BetweenRun:
     beta: float = 0.0
 
 
+# the timing record's fields an interval is recomputed from (`reproducible` reads them; benchmarks that re-check a
+# calibration on recorded runs keep exactly these)
+INPUT_FIELDS = ("ref_ms", "cand_ms", "speedup", "within_ci95", "overhead_ms", "cand_overhead_ms", "ref_spread_ms",
+                "cand_spread_ms")
+
 # kappa and rho: calibrated from ten separate `kernelcraft eval` runs per candidate of
 # `benchmarks/reproducibility.py --set calibration` (BENCHMARKS.md): the smallest round values whose intervals hold
 # >= 90% of the other runs' estimates there; checked on the `validation` set's other tasks and candidates. The
@@ -35,10 +40,6 @@ class BetweenRun:
 # beta (GPU): from KernelBench level 2 and 3 programs measured in two or more evaluations on two H200s
 # (`benchmarks/between_run_pairs.py check`): the smallest grid value holding >= 90% of the pairs on the even-id
 # tasks, checked on the odd ones; the CPU keeps 0 (no such data).
-# the timing record's fields an interval is recomputed from (`reproducible` reads them; benchmarks that re-check a
-# calibration on recorded runs keep exactly these)
-INPUT_FIELDS = ("ref_ms", "cand_ms", "speedup", "within_ci95", "overhead_ms", "cand_overhead_ms", "ref_spread_ms",
-                "cand_spread_ms")
 BETWEEN_RUN = {"cuda": BetweenRun(kappa=0.06, rho=0.01, beta=0.35), "cpu": BetweenRun(kappa=0.15, rho=0.01)}
 
 

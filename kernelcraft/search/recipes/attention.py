@@ -15,7 +15,8 @@ import functools
 import math
 import operator
 
-from kernelcraft.search.recipes.fxrules import _dtype, _fn, _is_float, _meth, _num, _shape, _torch
+from kernelcraft.search.recipes.fxrules import (_dtype, _fn, _is_float, _meth, _num, _shape, _torch,
+                                                generated_helper)
 from kernelcraft.search.recipes.simplify import _alive, _dropout_p0, _each_call, _module, _torch_nn
 
 HELPER = '''
@@ -62,13 +63,7 @@ _MAX_MASK_NODES = 32  # a mask built of more ops than this is passed per call, n
 
 @functools.lru_cache(maxsize=1)
 def _helper():
-    torch = _torch()
-    ns = {"torch": torch}
-    exec(compile(HELPER, "<kernelcraft attention>", "exec"), ns)
-    fn = ns["_kc_attention"]
-    fn.__module__ = "kernelcraft_generated"  # what FX needs to name it; render_graph writes `_kc_source` instead
-    fn._kc_source = HELPER
-    return fn
+    return generated_helper(HELPER, "_kc_attention")
 
 
 def _only_reader(n, reader) -> bool:
@@ -121,8 +116,7 @@ def _softmax_last(n):
 
 def _scalar(a) -> bool:
     """A Python number, or a graph value that is not a tensor (a size, math on sizes)."""
-    return _num(a) or (hasattr(a, "op") and a.op != "get_attr" and "tensor_meta" not in a.meta
-                       and a.op in ("call_function", "call_method"))
+    return _num(a) or (hasattr(a, "op") and a.op in ("call_function", "call_method") and "tensor_meta" not in a.meta)
 
 
 def _scaled(n):
@@ -132,7 +126,7 @@ def _scaled(n):
         return None
     a, b = n.args
     if _fn(n, operator.mul, torch.mul) or _meth(n, "mul"):
-        if hasattr(a, "op") and _scalar(b) and not _num(a):
+        if hasattr(a, "op") and _scalar(b):
             return a, b, False
         if hasattr(b, "op") and _scalar(a) and n.op == "call_function":
             return b, a, False
@@ -157,27 +151,8 @@ def _mask_key(mask):
             continue
         if n.op not in ("call_function", "call_method") or _unlisted_op(n):
             return None
-        todo.extend(a for a in _node_args(n))
+        todo.extend(n.all_input_nodes)  # args and kwargs, inside tuples and slices too
     return tuple(sorted(leaves, key=lambda x: x.name))
-
-
-def _node_args(n):
-    out = []
-
-    def walk(a):
-        if hasattr(a, "op"):
-            out.append(a)
-        elif isinstance(a, (tuple, list)):
-            for x in a:
-                walk(x)
-        elif isinstance(a, slice):
-            walk((a.start, a.stop, a.step))
-        elif isinstance(a, dict):
-            walk(list(a.values()))
-
-    walk(n.args)
-    walk(n.kwargs)
-    return out
 
 
 # what a mask kept between calls may be made of: comparisons, views and factories of sizes (no random, no input)

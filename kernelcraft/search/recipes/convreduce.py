@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from kernelcraft.search.recipes.fxrules import _fn, _is_float, _shape, _torch
+from kernelcraft.search.recipes.fxrules import _fn, _is_float, _shape, _torch, generated_helper
 from kernelcraft.search.recipes.reductions import _reduce_op
 from kernelcraft.search.recipes.simplify import _each_call, _module, _torch_nn
 
@@ -57,15 +57,7 @@ def _conv_kind(mod):
 
 @functools.lru_cache(maxsize=1)
 def _helper():
-    """The helper as one function object (every match in a graph names the same global), carrying its source
-    for `rewrite.render_graph`."""
-    torch = _torch()
-    ns = {"torch": torch}
-    exec(compile(HELPER, "<kernelcraft conv_reduce>", "exec"), ns)
-    fn = ns["_kc_conv_reduce"]
-    fn.__module__ = "kernelcraft_generated"  # what FX needs to name it; render_graph writes `_kc_source` instead
-    fn._kc_source = HELPER.strip()
-    return fn
+    return generated_helper(HELPER, "_kc_conv_reduce")
 
 
 def _conv(gm, n):

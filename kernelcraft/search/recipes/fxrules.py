@@ -18,6 +18,18 @@ def _torch():
     return torch
 
 
+def generated_helper(source: str, name: str):
+    """A rule's helper function `name` defined by `source` (which may use `torch`), as one function object: every
+    match in a graph names the same global, and it carries its source (`_kc_source`) for `rewrite.render_graph`,
+    so the candidate stands alone."""
+    ns = {"torch": _torch()}
+    exec(compile(source, f"<kernelcraft {name}>", "exec"), ns)
+    fn = ns[name]
+    fn.__module__ = "kernelcraft_generated"  # what FX needs to name it; render_graph writes `_kc_source` instead
+    fn._kc_source = source.strip()
+    return fn
+
+
 def _meta(node):
     tm = node.meta.get("tensor_meta") if hasattr(node, "meta") else None
     return tm if tm is not None and hasattr(tm, "shape") else None

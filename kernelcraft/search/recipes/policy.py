@@ -31,17 +31,18 @@ GRAPH_SAFE_MODES = {"compile:default", "compile:max-autotune-no-cudagraphs"}  # 
 SIMPLIFY_PRIORS = {"rewrite:size1_reduce": 0.3, "rewrite:sink_pointwise": 0.2, "rewrite:clamp_chain": 0.15,
                    "rewrite:fuse_activation": 0.15, "rewrite:identities": 0.1, "rewrite:pool_merge": 0.1}
 
-# attention as one fused kernel: the L x S scores are never written (eager writes and reads them 4-6 times)
-ATTENTION_PRIOR = {"cuda": 1.0, "cpu": 0.5}
-
+# `rewrite:attention`: attention as one fused kernel, the L x S scores never written (eager writes and reads them
+# 4-6 times)
 PRIORS = {
-    "cuda": {**SIMPLIFY_PRIORS, "rewrite:attention": ATTENTION_PRIOR["cuda"], "rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0, "rewrite:pool_linear": 1.5,
+    "cuda": {**SIMPLIFY_PRIORS, "rewrite:attention": 1.0, "rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0,
+             "rewrite:pool_linear": 1.5,
              "rewrite:conv_reduce": 2.0, "rewrite:dead_code": 0.3,
              "rewrite:fold_scalars": 0.2, "rewrite:inplace": 0.05, "triton": 0.25, "compile:default": 0.3,
              "compile:max-autotune-no-cudagraphs": 0.3, "compile:max-autotune": 0.35,
              "compile:reduce-overhead": 0.4, "cudagraph": 0.3, "channels_last": -0.97, "cudnn_benchmark": 0.02,
              "bf16": 0.6, "tuned": 0.65, "tuned_gemm": 0.62},
-    "cpu": {**SIMPLIFY_PRIORS, "rewrite:attention": ATTENTION_PRIOR["cpu"], "rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0, "rewrite:pool_linear": 1.5,
+    "cpu": {**SIMPLIFY_PRIORS, "rewrite:attention": 0.5, "rewrite:diag_matmul": 2.0, "rewrite:reduce_linear": 2.0,
+            "rewrite:pool_linear": 1.5,
             "rewrite:conv_reduce": 2.0, "rewrite:dead_code": 0.3,
             "rewrite:fold_scalars": 0.15, "rewrite:inplace": 0.05, "channels_last": 0.1, "compile:default": 0.08,
             "compile:max-autotune-no-cudagraphs": 0.04, "bf16": 0.0},

@@ -21,10 +21,10 @@ from kernelcraft.search.recipes import (activations, attention, convreduce, dept
 from kernelcraft.search.recipes.fxrules import _dtype, _torch
 
 # simplifications first: they expose work for the others (sum(x @ W.T / 2) -> sum(x @ W.T) / 2 -> a GEMV)
-RULE_ORDER = ("identities", "attention", "clamp_chain", "size1_reduce", "sink_pointwise", "pool_merge", "pool_linear",
-              "conv_reduce", "fuse_activation") + fxrules.RULE_ORDER
-RULES = {**simplify.RULES, **attention.RULES, **reductions.RULES, **poollinear.RULES, **convreduce.RULES, **activations.RULES,
-         **fxrules.RULES}
+RULE_ORDER = ("identities", "attention", "clamp_chain", "size1_reduce", "sink_pointwise", "pool_merge",
+              "pool_linear", "conv_reduce", "fuse_activation") + fxrules.RULE_ORDER
+RULES = {**simplify.RULES, **attention.RULES, **reductions.RULES, **poollinear.RULES, **convreduce.RULES,
+         **activations.RULES, **fxrules.RULES}
 MAX_FULL_SUBSETS = 5  # more applicable rules than this: render singletons, all, and all-but-one only
 
 REF_MODULE = "kc_reference"
