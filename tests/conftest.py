@@ -83,6 +83,8 @@ QUICK = {
     "test_fuse_reduce.py": ["test_region_and_full_reduction_become_one_kernel", "test_near_misses_keep_the_reduction"],
     "test_lock_scope.py": ["test_bad_lock_scope_is_a_usage_error", "test_which_candidates_may_autotune"],
     "test_gate.py": ["test_no_path_is_a_no_op", "test_idle_floor_is_the_lowest_exclusive_calibration"],
+    "test_gate_file_locks.py": ["test_lock_holders_are_read_from_proc_locks",
+                                "test_a_side_holding_a_file_lock_steps_aside_once_it_lets_go"],
     "test_first_call_hold.py": ["test_a_hold_asks_once_at_the_first_benchmark_and_leaves_no_hook",
                                 "test_a_hold_with_nothing_to_hook_asks_at_once"],
     "test_off_the_clock.py": ["test_the_ledger_bills_only_what_exceeds_the_references_windows",

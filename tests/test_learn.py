@@ -1,10 +1,11 @@
 """The stand-in policy: its program language, its model's updates, the verdict cache, the experiment's
-statistics — and (slow) a small experiment against the real CPU judge that must show GRPO raising the held-out
-reward above where GRPO started.
+statistics — and a small experiment on the real CPU judge's recorded verdicts that must show GRPO raising the
+held-out reward above where GRPO started (slow: the real judge still gives that table).
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from kernelcraft.train.judgecache import CachedJudge, key_of
 from kernelcraft.train.programs import Compiler, enumerate_programs, vocabulary
 
 pytest.importorskip("transformers")
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_programs_compile_through_the_recipes_machinery():
@@ -133,26 +136,52 @@ CI_TASKS = ",".join(f"tiny/level1/{n}" for n in ["relu", "gelu", "softmax", "cum
                                                   "diag_matmul", "rmsnorm", "layernorm"])
 
 
-@pytest.mark.slow
-def test_grpo_raises_the_held_out_reward_on_the_real_judge(tmp_path, cache_dir):
-    """Contrastive RL learns here, CI-sized: nine tiny tasks judged by the real CPU judge (each (task, program) once),
-    the stand-in trained SFT -> self-training -> GRPO on six, and the held-out geomean speedup per sample, over two
-    seeds, at the end of GRPO above where GRPO started (BENCHMARKS.md has the full run: that rose in every seed,
-    the mean reward in 8 of 9 runs — one sampled 25x rewrite moves a mean of a few dozen samples; here the mean
-    reward fell 0.84 -> 0.73 in one of four full-suite runs)."""
+CI_SETTINGS = dict(budget=384, sft_steps=120, st_steps=40, eval_every=3, eval_samples=6)
+RECORDED_TABLE = FIXTURES / "verdicts" / "ci_learning_table.jsonl"  # the real CPU judge's verdicts on CI_TASKS
+
+
+def test_grpo_raises_the_held_out_reward_on_the_recorded_judge(tmp_path):
+    """Contrastive RL learns here, CI-sized: nine tiny tasks, the stand-in trained SFT -> self-training -> GRPO on six,
+    and the held-out geomean speedup per sample at the end of GRPO above where GRPO started, mean of two seeds. The
+    rewards are the real CPU judge's verdicts on every (task, program), recorded once (timing noise frozen as the
+    verdict cache freezes it), so the outcome is the trainer's alone: with a table judged afresh the start point moved
+    0.80-0.98 between runs. BENCHMARKS.md has the full run: the geomean rose in every seed."""
+    import shutil
+
     from kernelcraft.train.ablation import experiment
     from kernelcraft.train.learn import RunSettings
 
-    s = RunSettings(budget=384, sft_steps=120, st_steps=40, eval_every=3, eval_samples=6)
-    summary = experiment(tmp_path / "learn", tasks=CI_TASKS, seeds=2, arms=["grpo"], jobs=2, settings=s,
-                         say=lambda m: None)
+    cache = tmp_path / "verdicts.jsonl"
+    shutil.copy(RECORDED_TABLE, cache)
+    summary = experiment(tmp_path / "learn", tasks=CI_TASKS, seeds=2, arms=["grpo"], settings=RunSettings(**CI_SETTINGS),
+                         cache=cache, say=lambda m: None)
+    assert summary["cache"]["misses"] == 0, (
+        "the recorded table lacks programs the trainer asked for: re-record it (see "
+        "test_the_real_judge_gives_the_recorded_table)")
     row = summary["arms"]["grpo"]["geomean_speedup"]
-    start, final = row["start"][0], row["final"][0]
-    assert final > start, (row, summary["arms"]["grpo"]["reward_mean"])
-    assert summary["cache"]["misses"] <= summary["space"]["programs"] + 10  # the table once, not per run
+    assert row["final"][0] > row["start"][0], (row, summary["arms"]["grpo"]["reward_mean"])
     res = json.loads((tmp_path / "learn" / "grpo" / "seed-0" / "result.json").read_text())
     assert res["curve"][0]["step"] == 0 and len(res["curve"]) >= 3
     assert (tmp_path / "learn" / "ablation.md").read_text().startswith("| arm |")
+
+
+def table_statuses(path) -> dict[str, str]:
+    return {rec["key"]: rec["verdict"]["status"] for rec in map(json.loads, Path(path).read_text().splitlines())}
+
+
+@pytest.mark.slow
+def test_the_real_judge_gives_the_recorded_table(tmp_path, cache_dir):
+    """The learning test's table is what the real CPU judge says today: the experiment's warm-up judges every
+    (task, program) of CI_TASKS once (not once per run), with the recorded keys and statuses (speedups are timing
+    noise). When the tasks, programs or judge options change, the keys do: copy this run's table over the fixture."""
+    from kernelcraft.train.ablation import experiment
+    from kernelcraft.train.learn import RunSettings
+
+    summary = experiment(tmp_path / "learn", tasks=CI_TASKS, seeds=1, arms=["grpo"], jobs=2,
+                         settings=RunSettings(**CI_SETTINGS), say=lambda m: None)
+    assert summary["cache"]["misses"] <= summary["space"]["programs"] + 10  # the table once, not per run
+    fresh = tmp_path / "learn" / "verdicts.jsonl"
+    assert table_statuses(fresh) == table_statuses(RECORDED_TABLE), f"re-record: cp {fresh} {RECORDED_TABLE}"
 
 
 def test_learn_cli_usage_errors(tmp_path):

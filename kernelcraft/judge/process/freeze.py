@@ -1,7 +1,8 @@
 """Freezing a side: SIGSTOP to its process group, confirmed by waitpid; SIGCONT thaws it.
 
 `freeze` returns only once waitpid reports the side itself stopped (a fact, not a request in flight) and raises
-`SideGone` where it exited instead. `running_threads` reads back from /proc which threads of a process still run.
+`SideGone` where it exited instead. `running_threads` reads back from /proc which threads of a process still run;
+`holds_lock` whether any of some processes holds a file lock (a side frozen holding one stalls whoever waits on it).
 Only the judge thaws: the sides' seccomp filter refuses SIGCONT whatever the target (`isolation`).
 
 Rationale: docs/design/judge-process.md#freeze
@@ -64,3 +65,19 @@ def thaw(pid: int) -> None:
         os.killpg(pid, signal.SIGCONT)
     except ProcessLookupError:
         pass
+
+
+def holds_lock(pids: list[int]) -> bool:
+    """Whether any of `pids` holds a file lock (flock or POSIX; an open-file-description lock names no pid) now, from
+    /proc/locks; a process blocked waiting for one ("->") holds nothing yet."""
+    try:
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    holders = set()
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 5 and fields[1] != "->" and fields[4].isdigit():
+            holders.add(int(fields[4]))
+    return not holders.isdisjoint(pids)

@@ -81,6 +81,10 @@ class SideProc:
         side.init_pid, side.namespace = ns.get("init"), ns.get("kind")
         return side
 
+    def tree(self) -> list[int]:
+        """This side and every process below it now (with its namespace init's, where orphans land)."""
+        return [self.pid] + descendants(self.pid) + (descendants(self.init_pid) if self.init_pid else [])
+
     def freeze(self) -> None:
         if not self.frozen:
             freeze.freeze(self.pid)

@@ -20,10 +20,11 @@ from kernelcraft.judge.speed import timing  # noqa: E402,F401  (binds clocks bef
 
 import random  # noqa: E402
 import secrets  # noqa: E402
+import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from kernelcraft.judge.process import audit, failures, isolation, side as side_mod  # noqa: E402,E501
+from kernelcraft.judge.process import audit, failures, freeze, isolation, side as side_mod  # noqa: E402,E501
 from kernelcraft.judge.speed import rounds
 from kernelcraft.judge.speed.gate import EXCLUSIVE, DeviceGate
 from kernelcraft.judge.correctness import trials, weights
@@ -41,6 +42,7 @@ HOST_SHARE = 1 / 3  # inputs + outputs above this share of the GPU: the judge's 
 HOST_SHARE_VAR = "KERNELCRAFT_JUDGE_HOST_SHARE"  # overrides it (tests force host copies on small tasks with 0)
 PREPARE_STEPS = ("cuda", "kernel_tracer", "build_cache", "preload", "process_state")  # `side.cmd_prepare`'s parts
 SHARE_IO = 1 / 16  # inputs + outputs above this share of the GPU: the job keeps the device to itself (`alone_on_device`)
+LOCK_GRACE_S = 10.0  # a side holding a file lock steps aside once it lets go, or after this long (`step_aside_if_wanted`)
 
 
 class Evaluation:
@@ -57,6 +59,7 @@ class Evaluation:
         self.exclusive_phases = job.get("lock_scope") == "device"  # the device alone from construction to timing
         for s in sides.values():
             s.preempt = self.step_aside_if_wanted
+        self.lock_grace_until: float | None = None  # a step aside put off while the running side holds a file lock
         self.stateful = False  # the reference's forward changes plain-attribute state (set by `describe`)
         self.large_outputs = False  # outputs above side.LARGE_OUTPUT_BYTES on a GPU (set by `_place_copies`)
         self.device = torch.device("cuda:0" if job["device"].startswith("cuda") else "cpu")
@@ -155,9 +158,20 @@ class Evaluation:
     def step_aside_if_wanted(self, running: SideProc | None) -> None:
         """A timer waits for the device (`gate.wanted`): `running` (the side whose request is in flight, or None
         between requests) frozen, this judge's own device work finished, the device given back until the timer is
-        done, then `running` thawed. Never while this evaluation holds the device alone."""
+        done, then `running` thawed. Never while this evaluation holds the device alone. A side that holds a file lock
+        (a compile cache's) runs on until it lets go, for at most `LOCK_GRACE_S`: frozen with it, it would stall the
+        timer if the timer's own side waits for that lock (the timer has not taken the device yet, so no clock runs
+        meanwhile)."""
         if not self.gate.wanted():
+            self.lock_grace_until = None
             return
+        if running is not None and freeze.holds_lock(running.tree()):
+            now = time.monotonic()
+            if self.lock_grace_until is None:
+                self.lock_grace_until = now + LOCK_GRACE_S
+            if now < self.lock_grace_until:
+                return  # asked again at the next poll
+        self.lock_grace_until = None
         if running is not None:
             running.freeze()
         if self.device.type == "cuda" and torch.cuda.is_initialized():

@@ -3,8 +3,10 @@
 `time_candidate` runs after the correctness trials and gives `timing.measure` functions that time one call of each
 side, prepare a round (fresh draw, poisoned outputs, fresh secret indices) and check it (every timed output held to
 the trials' `Acceptance`, audits at random rounds). Untimed requests during timing go through the CPU ledger
-(`treecpu`). The timed rounds hold the device alone (`gate`): other evaluations' checks step aside and what they left
-queued drains before the clock calibrates.
+(`treecpu`). The timed rounds, and only they, hold the device alone (`gate`): other evaluations' checks step aside
+(frozen) and what they left queued drains before the clock calibrates. The candidate's further processes are built
+and checked before that, beside the others: a frozen neighbour may hold what a build waits for (a compile cache's
+file lock), and a timer waiting on it would wait for the neighbour's thaw, that is for itself.
 
 Rationale: docs/design/judge-speed.md#rounds
 """
@@ -37,7 +39,7 @@ def time_candidate(ev, accepted: Acceptance) -> None:
     intact: dict[str, bool] = {}  # ... and whether its inputs were still the judge's then
     left = {"reference": [], "candidate": []}
     k = max(1, int(p.processes or 1)) if ev.spawn_candidate is not None else 1
-    procs = [ev.cand]  # the candidate's processes; more are started under the lock below (`siblings`)
+    procs = [ev.cand]  # the candidate's processes; more are started below, before the device is taken alone
     order = siblings.Schedule(k, ev.rng.randrange(1 << 30))
 
     def next_round(i: int) -> None:
@@ -109,6 +111,9 @@ def time_candidate(ev, accepted: Acceptance) -> None:
                 siblings.check_stopped(procs)
 
     sibs: list[SideProc] = []
+    if k > 1:  # built, first-called and checked as the first process was: beside other evaluations' checks (`gate`)
+        sibs = siblings.start(ev, k, accepted)
+        procs += sibs
     held = ev.gate.mode
     if held != EXCLUSIVE:
         ev.wait_for_device(ev.gate.exclusive)  # (the phase is `time`)
@@ -116,8 +121,6 @@ def time_candidate(ev, accepted: Acceptance) -> None:
         clock = timing.RoundTripClock(ev.device, floor_ms=idle_floor(ev.gate))
         ev.gate.record_idle(clock.idle_ms)
         if k > 1:
-            sibs = siblings.start(ev, k, accepted)
-            procs += sibs
             siblings.check_stopped(procs)
         for side in [ev.ref, *procs]:  # one empty request each before the ledger opens: a process's first one
             side.request(NULL, phase="time")  # pays one-off costs (lazy CUDA state) that no later one does

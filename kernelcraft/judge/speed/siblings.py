@@ -17,7 +17,6 @@ from kernelcraft.judge.process import freeze
 from kernelcraft.judge.correctness import weights
 from kernelcraft.judge.correctness.acceptance import Acceptance
 from kernelcraft.judge.reject import Reject
-from kernelcraft.judge.process.procs import descendants
 from kernelcraft.judge.process.sideproc import RUN, SideProc, end_candidate
 
 
@@ -28,6 +27,7 @@ def start(ev, k: int, accepted: Acceptance) -> list[SideProc]:
     sibs: list[SideProc] = []
     for j in range(1, k):
         side = ev.spawn_candidate()
+        side.preempt = ev.step_aside_if_wanted  # built beside other evaluations' checks: steps aside for their timers
         sibs.append(side)
         ev.audit.watch(f"candidate.{j}", side.pid, side.init_pid)
         every = [ev.cand.pid] + [s.pid for s in sibs]
@@ -65,8 +65,7 @@ def check_stopped(procs: list[SideProc]) -> None:
     """Every candidate process and what it started read back as stopped (/proc), at the audit moments of timing:
     the seccomp filter refuses SIGCONT to the candidate, so one found running means a door this design missed."""
     for p in procs:
-        mine = [p.pid] + descendants(p.pid) + (descendants(p.init_pid) if p.init_pid else [])  # (orphans: its init's)
-        running = [t for m in mine for t in freeze.running_threads(m)]
+        running = [t for m in p.tree() for t in freeze.running_threads(m)]
         if running:
             raise Reject("rejected", ["thread_injection"], "a candidate process that the judge had frozen was "
                          f"running while another was timed (threads {', '.join(running[:4])})")
