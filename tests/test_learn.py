@@ -166,7 +166,7 @@ def test_grpo_raises_the_held_out_reward_on_the_recorded_judge(tmp_path):
 
 
 def table_statuses(path) -> dict[str, str]:
-    return {rec["key"]: rec["verdict"]["status"] for rec in map(json.loads, Path(path).read_text().splitlines())}
+    return {key: v["status"] for key, v in CachedJudge(None, path).verdicts.items()}
 
 
 @pytest.mark.slow
